@@ -1,0 +1,43 @@
+"""Drivers for the sans-IO protocols: the discrete-event simulator and its link/compute models."""
+
+from wanspec.sim.driver import (
+    EmitRecord,
+    SimResult,
+    SimulationDeadlock,
+    SimulationError,
+    SimulationTimeout,
+    TraceRecord,
+    simulate,
+)
+from wanspec.sim.link import LINK_PRESETS, Channel, Link, Transmission, link_preset
+from wanspec.sim.profiles import (
+    Curve,
+    MeasuredProfile,
+    Profile,
+    TableProfile,
+    available_profiles,
+    load_profile,
+    profile_from_dict,
+)
+
+__all__ = [
+    "LINK_PRESETS",
+    "Channel",
+    "Curve",
+    "EmitRecord",
+    "Link",
+    "MeasuredProfile",
+    "Profile",
+    "SimResult",
+    "SimulationDeadlock",
+    "SimulationError",
+    "SimulationTimeout",
+    "TableProfile",
+    "TraceRecord",
+    "Transmission",
+    "available_profiles",
+    "link_preset",
+    "load_profile",
+    "profile_from_dict",
+    "simulate",
+]

@@ -1,0 +1,340 @@
+"""Discrete-event simulator: runs an edge and a cloud state machine on a virtual clock.
+
+The machines are driven only through `handle(event) -> list[Action]`. Each side has one compute
+resource: `Compute` actions run one at a time in FIFO order; `run()` is called for real when the
+computation starts (virtual time) and its result is delivered as `ComputeDone(tag, result)` when
+the profile says it ends. `Send` goes through the link (edge→cloud on the uplink, cloud→edge on the
+downlink) and arrives as `MessageReceived(msg)`. Events are ordered by (virtual time, sequence
+number), so runs are deterministic for deterministic machines, profiles and link seeds.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+import operator
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from wanspec.protocols.base import (
+    Compute,
+    ComputeDone,
+    Emit,
+    Event,
+    Finish,
+    MessageReceived,
+    Send,
+    Side,
+    Start,
+    StateMachine,
+)
+from wanspec.sim.link import Channel, Direction, Link
+from wanspec.sim.profiles import Profile, load_profile
+
+SizeFn = Callable[[Any], int]
+_DIRECTION: dict[str, Direction] = {"edge": "up", "cloud": "down"}
+_OTHER: dict[str, Side] = {"edge": "cloud", "cloud": "edge"}
+
+
+class SimulationError(RuntimeError):
+    """The simulated run could not complete."""
+
+
+class SimulationDeadlock(SimulationError):
+    """Both sides are idle, nothing is in flight, and the edge has not finished."""
+
+
+class SimulationTimeout(SimulationError):
+    """The virtual clock passed max_time, or more than max_events events were processed."""
+
+
+@dataclass(frozen=True)
+class EmitRecord:
+    t: float
+    side: Side
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class TraceRecord:
+    """One step of the run: `what` is recv | send | compute_start | compute_end | emit | finish."""
+
+    t: float
+    side: Side
+    what: str
+    info: dict[str, Any]
+
+
+@dataclass
+class SimResult:
+    """Everything measured during one simulated request (times in virtual seconds)."""
+
+    finish_reason: str
+    duration_s: float
+    emits: list[EmitRecord]
+    bits: dict[Direction, int]
+    messages: dict[Direction, int]
+    bits_by_type: dict[str, int]
+    messages_by_type: dict[str, int]
+    compute_busy_s: dict[Side, float]
+    compute_by_tag: dict[Side, dict[str, float]]
+    computes: dict[Side, int]
+    retransmissions: dict[Direction, int]
+    events: int
+    cloud_finish: str | None = None
+    trace: list[TraceRecord] | None = None
+
+    @property
+    def tokens(self) -> list[int]:
+        return [tok for rec in self.emits for tok in rec.token_ids]
+
+    @property
+    def token_times(self) -> list[float]:
+        """Virtual time at which each output token was emitted."""
+        return [rec.t for rec in self.emits for _ in rec.token_ids]
+
+    @property
+    def ttft_s(self) -> float | None:
+        """Time to first token (None if nothing was emitted)."""
+        times = self.token_times
+        return times[0] if times else None
+
+    @property
+    def tokens_per_s(self) -> float:
+        n = len(self.token_times)
+        return n / self.duration_s if self.duration_s > 0 else math.inf if n else 0.0
+
+    @property
+    def inter_token_s(self) -> list[float]:
+        """Gaps between consecutive output tokens (0 within one multi-token emit)."""
+        times = self.token_times
+        return [b - a for a, b in itertools.pairwise(times)]
+
+
+@dataclass
+class _Side:
+    name: Side
+    machine: StateMachine
+    profile: Profile
+    channel: Channel
+    queue: deque[Compute] = field(default_factory=deque)
+    busy: bool = False
+    busy_s: float = 0.0
+    by_tag: dict[str, float] = field(default_factory=dict)
+    computes: int = 0
+
+
+def _as_bits(size: Any, msg: Any) -> int:
+    try:
+        bits = operator.index(size)
+    except TypeError:
+        bits = -1
+    if isinstance(size, bool) or bits < 0:
+        raise ValueError(f"size_fn gave {size!r} for {type(msg).__name__}; expected int bits >= 0")
+    return bits
+
+
+def _default_size_fn() -> SizeFn:
+    from wanspec.wire import bits  # floor 1; imported lazily so the simulator loads without it
+
+    return bits
+
+
+class _Simulation:
+    def __init__(
+        self,
+        edge: StateMachine,
+        cloud: StateMachine,
+        link: Link,
+        profiles: tuple[Profile, Profile],
+        size_fn: SizeFn,
+        trace: bool,
+    ) -> None:
+        self.sides: dict[Side, _Side] = {
+            "edge": _Side("edge", edge, profiles[0], link.channel("up")),
+            "cloud": _Side("cloud", cloud, profiles[1], link.channel("down")),
+        }
+        self.size_fn = size_fn
+        self.heap: list[tuple[float, int, Side, Event]] = []
+        self.seq = 0
+        self.now = 0.0
+        self.finish: str | None = None
+        self.cloud_finish: str | None = None
+        self.emits: list[EmitRecord] = []
+        self.bits: dict[Direction, int] = {"up": 0, "down": 0}
+        self.messages: dict[Direction, int] = {"up": 0, "down": 0}
+        self.retransmissions: dict[Direction, int] = {"up": 0, "down": 0}
+        self.bits_by_type: dict[str, int] = {}
+        self.messages_by_type: dict[str, int] = {}
+        self.trace: list[TraceRecord] | None = [] if trace else None
+        self.events = 0
+
+    # ------------------------------------------------------------------ event queue
+    def push(self, t: float, side: Side, event: Event) -> None:
+        heapq.heappush(self.heap, (t, self.seq, side, event))
+        self.seq += 1
+
+    def record(self, side: Side, what: str, **info: Any) -> None:
+        if self.trace is not None:
+            self.trace.append(TraceRecord(self.now, side, what, info))
+
+    def run(self, max_time: float, max_events: int) -> None:
+        self.push(0.0, "cloud", Start())
+        self.push(0.0, "edge", Start())
+        while self.finish is None:
+            if not self.heap:
+                raise SimulationDeadlock(self._deadlock_message())
+            t, _, side, event = heapq.heappop(self.heap)
+            if t > max_time:
+                raise SimulationTimeout(
+                    f"virtual time passed max_time={max_time} s (next event at {t:.6g} s: "
+                    f"{type(event).__name__} to {side}) before the edge finished"
+                )
+            self.events += 1
+            if self.events > max_events:
+                raise SimulationTimeout(
+                    f"more than max_events={max_events} events by t={t:.6g} s; a livelock?"
+                )
+            self.now = t
+            self.dispatch(self.sides[side], event)
+
+    def _deadlock_message(self) -> str:
+        note = f"; the cloud finished with {self.cloud_finish!r}" if self.cloud_finish else ""
+        return (
+            f"deadlock at t={self.now:.6g} s: both sides idle, no message or computation in "
+            f"flight, and the edge has not sent Finish{note}"
+        )
+
+    # ------------------------------------------------------------------ one event
+    def dispatch(self, side: _Side, event: Event) -> None:
+        if isinstance(event, ComputeDone):
+            side.busy = False
+            self.record(side.name, "compute_end", tag=event.tag)
+        elif isinstance(event, MessageReceived):
+            self.record(side.name, "recv", type=type(event.msg).__name__)
+        try:
+            actions = side.machine.handle(event)
+        except Exception as err:
+            err.add_note(f"in {side.name}.handle({type(event).__name__}) at t={self.now:.6g} s")
+            raise
+        if not isinstance(actions, list | tuple):
+            raise TypeError(
+                f"{side.name}.handle() must return a list of actions, got {type(actions).__name__}"
+            )
+        for action in actions:
+            self.apply(side, action)
+        if self.finish is None:
+            self.start_next_compute(side)
+
+    def apply(self, side: _Side, action: Any) -> None:
+        if isinstance(action, Send):
+            self.send(side, action.msg)
+        elif isinstance(action, Compute):
+            side.queue.append(action)
+        elif isinstance(action, Emit):
+            tokens = tuple(int(t) for t in action.token_ids)
+            self.emits.append(EmitRecord(self.now, side.name, tokens))
+            self.record(side.name, "emit", token_ids=tokens)
+        elif isinstance(action, Finish):
+            self.record(side.name, "finish", reason=action.reason)
+            if side.name == "edge":
+                self.finish = action.reason
+            else:
+                self.cloud_finish = action.reason
+        else:
+            raise TypeError(f"{side.name} returned an unknown action {action!r}")
+
+    def send(self, side: _Side, msg: Any) -> None:
+        size = _as_bits(self.size_fn(msg), msg)
+        direction = _DIRECTION[side.name]
+        tx = side.channel.transmit(self.now, size)
+        kind = type(msg).__name__
+        self.bits[direction] += size
+        self.messages[direction] += 1
+        self.retransmissions[direction] += tx.retries
+        self.bits_by_type[kind] = self.bits_by_type.get(kind, 0) + size
+        self.messages_by_type[kind] = self.messages_by_type.get(kind, 0) + 1
+        self.record(side.name, "send", type=kind, bits=size, arrival=tx.arrival, retries=tx.retries)
+        self.push(tx.arrival, _OTHER[side.name], MessageReceived(msg))
+
+    def start_next_compute(self, side: _Side) -> None:
+        if side.busy or not side.queue:
+            return
+        job = side.queue.popleft()
+        began = time.perf_counter()
+        try:
+            result = job.run()
+        except Exception as err:
+            err.add_note(f"in {side.name} compute {job.tag!r} at t={self.now:.6g} s")
+            raise
+        wall_s = time.perf_counter() - began
+        duration = side.profile.seconds(job.cost, wall_s)
+        if not duration >= 0 or math.isinf(duration):
+            raise ValueError(f"profile {side.profile.name!r} priced {job.cost} at {duration!r} s")
+        side.busy = True
+        side.busy_s += duration
+        side.by_tag[job.tag] = side.by_tag.get(job.tag, 0.0) + duration
+        side.computes += 1
+        self.record(side.name, "compute_start", tag=job.tag, cost=job.cost, seconds=duration)
+        self.push(self.now + duration, side.name, ComputeDone(job.tag, result))
+
+    def result(self) -> SimResult:
+        assert self.finish is not None
+        return SimResult(
+            finish_reason=self.finish,
+            duration_s=self.now,
+            emits=self.emits,
+            bits=self.bits,
+            messages=self.messages,
+            bits_by_type=self.bits_by_type,
+            messages_by_type=self.messages_by_type,
+            compute_busy_s={name: s.busy_s for name, s in self.sides.items()},
+            compute_by_tag={name: dict(s.by_tag) for name, s in self.sides.items()},
+            computes={name: s.computes for name, s in self.sides.items()},
+            retransmissions=self.retransmissions,
+            events=self.events,
+            cloud_finish=self.cloud_finish,
+            trace=self.trace,
+        )
+
+
+def simulate(
+    edge: StateMachine,
+    cloud: StateMachine,
+    link: Link,
+    edge_profile: Profile | str,
+    cloud_profile: Profile | str,
+    *,
+    size_fn: SizeFn | None = None,
+    max_time: float = 1e5,
+    max_events: int = 1_000_000,
+    trace: bool = False,
+) -> SimResult:
+    """Run one request to the edge's `Finish` and return its timings and traffic.
+
+    `Start()` goes to the cloud, then the edge, at t=0. size_fn(msg) gives a message's size in
+    bits (default `wanspec.wire.bits`, the exact encoded size). Profiles may be given by name
+    (see `wanspec.sim.profiles.load_profile`). Raises SimulationDeadlock if everything goes idle
+    before Finish, SimulationTimeout past max_time virtual seconds or max_events events.
+    """
+    if not isinstance(link, Link):
+        raise TypeError(f"link must be a wanspec Link, got {type(link).__name__}")
+    if not max_time > 0 or not max_events > 0:
+        raise ValueError("max_time and max_events must be > 0")
+    for name, machine in (("edge", edge), ("cloud", cloud)):
+        if not callable(getattr(machine, "handle", None)):
+            raise TypeError(f"the {name} machine has no handle(event) method")
+    sim = _Simulation(
+        edge,
+        cloud,
+        link,
+        (load_profile(edge_profile), load_profile(cloud_profile)),
+        size_fn if size_fn is not None else _default_size_fn(),
+        trace,
+    )
+    sim.run(max_time, max_events)
+    return sim.result()
