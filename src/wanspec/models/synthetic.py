@@ -1,0 +1,232 @@
+"""A synthetic draft/target pair with a known acceptance rate α, for analysis and fast tests.
+
+Both "models" are deterministic functions of (seed, context): the next-token distribution after a
+context depends only on the seed, the context length and its last few tokens, hashed into two
+disjoint token sets A (m tokens) and B (m_b tokens). The target is q = w on A (fixed decreasing
+weights w, so greedy decoding has a unique argmax); the draft is
+
+    p = α·q + (1 − α)·uniform(B).
+
+Hence Σ_x min(p(x), q(x)) = α·Σ_A q = α at every position: under standard speculative sampling at
+temperature 1 each drafted token is accepted independently with probability exactly α (a draft in
+A is always accepted since q/p = 1/α ≥ 1, a draft in B never), and the residual max(q − p, 0) is
+∝ q on A. With the default m = 5 and weights 5:4:3:2:1 the target survives 16-bit quantisation
+exactly (65535 is divisible by 15) and the quantised α is off by less than 5/65535.
+
+They implement `LanguageModel` (prefix cache, rollback, tree forward, path keeping) with the same
+tree conventions as the transformers backend, but with no weights and no tokenizer.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+import numpy as np
+import torch
+
+from wanspec.models.lm import LanguageModel
+
+Role = Literal["draft", "target"]
+NEG_LOGIT = -1e9  # "probability 0": exp underflows to exactly 0 after any max-subtraction
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """Parameters shared by both models of a pair (they must agree on the token sets)."""
+
+    alpha: float
+    vocab_size: int = 1000
+    target_support: int = 5  # m = |A|
+    draft_extra: int = 5  # m_b = |B|, where the draft puts its 1 − α of mass the target lacks
+    context_tokens: int = 3  # how many trailing tokens (plus the position) key the distribution
+    seed: int = 0
+    eos_token_ids: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.alpha <= 1.0:
+            raise ValueError(f"alpha must lie in [0, 1], got {self.alpha!r}")
+        if self.target_support < 1 or self.draft_extra < 1:
+            raise ValueError("target_support and draft_extra must be >= 1")
+        if self.target_support + self.draft_extra > self.vocab_size:
+            raise ValueError(
+                f"vocab_size={self.vocab_size} cannot hold {self.target_support} target and "
+                f"{self.draft_extra} draft-only tokens"
+            )
+        if self.context_tokens < 0 or self.seed < 0:
+            raise ValueError("context_tokens and seed must be >= 0")
+        if any(not 0 <= t < self.vocab_size for t in self.eos_token_ids):
+            raise ValueError(f"eos_token_ids must lie in [0, {self.vocab_size})")
+
+    @property
+    def target_weights(self) -> np.ndarray:
+        """q over A in the hashed order of A: m, m−1, …, 1, normalised."""
+        w = np.arange(self.target_support, 0, -1, dtype=np.float64)
+        return w / w.sum()
+
+    def supports(self, context: Sequence[int]) -> tuple[np.ndarray, np.ndarray]:
+        """The token sets (A, B) after `context`; A is ordered by decreasing target weight."""
+        k = self.context_tokens
+        tail = list(context[-k:]) if k else []
+        key = [self.seed, len(context), *([self.vocab_size] * (k - len(tail))), *tail]
+        rng = np.random.default_rng(key)
+        chosen = rng.choice(self.vocab_size, self.target_support + self.draft_extra, replace=False)
+        return chosen[: self.target_support], chosen[self.target_support :]
+
+    def probs(self, context: Sequence[int], role: Role) -> np.ndarray:
+        """The float64 next-token distribution of `role` after `context`."""
+        a, b = self.supports(context)
+        out = np.zeros(self.vocab_size, dtype=np.float64)
+        if role == "target":
+            out[a] = self.target_weights
+        else:
+            out[a] = self.alpha * self.target_weights
+            out[b] = (1.0 - self.alpha) / self.draft_extra
+        return out
+
+
+def _logits(probs: np.ndarray) -> np.ndarray:
+    logits = np.full(probs.shape, NEG_LOGIT, dtype=np.float64)
+    positive = probs > 0
+    logits[positive] = np.log(probs[positive])
+    return logits
+
+
+@dataclass
+class _Tree:
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)  # pending index, or -1 for a root
+    attach: list[int] = field(default_factory=list)  # last visible cache position of the root
+
+
+class SyntheticLM(LanguageModel):
+    """One side of a synthetic pair; its "KV cache" is the token list itself."""
+
+    def __init__(self, spec: SyntheticSpec, role: Role) -> None:
+        if role not in ("draft", "target"):
+            raise ValueError(f"role must be 'draft' or 'target', got {role!r}")
+        self.spec = spec
+        self.role: Role = role
+        self.name = f"synthetic-{role}(alpha={spec.alpha}, seed={spec.seed})"
+        self.vocab_size = spec.vocab_size
+        self.eos_token_ids = tuple(spec.eos_token_ids)
+        self.tokenizer = None
+        self.config = None
+        self._ids: list[int] = []
+        self._tree = _Tree()
+
+    def __repr__(self) -> str:
+        return f"SyntheticLM({self.name!r}, length={len(self._ids)})"
+
+    @property
+    def length(self) -> int:
+        return len(self._ids)
+
+    @property
+    def pending_tree_size(self) -> int:
+        return len(self._tree.tokens)
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        """The committed sequence (what a real model's KV cache stands for)."""
+        return tuple(self._ids)
+
+    def rows(self, contexts: Sequence[Sequence[int]]) -> torch.Tensor:
+        """float32 logits [n, V], one row per context (the distribution after it)."""
+        out = np.empty((len(contexts), self.vocab_size), dtype=np.float64)
+        for i, context in enumerate(contexts):
+            out[i] = _logits(self.spec.probs(context, self.role))
+        return torch.from_numpy(out.astype(np.float32))
+
+    def extend(self, ids: Sequence[int]) -> torch.Tensor:
+        ids = self._check_tokens(ids, "ids")
+        if self.pending_tree_size:
+            raise RuntimeError(
+                "tree nodes are pending: call keep_tree_path() or truncate() before extend()"
+            )
+        start = len(self._ids)
+        self._ids.extend(ids)
+        return self.rows([self._ids[: start + i + 1] for i in range(len(ids))])
+
+    def truncate(self, length: int) -> None:
+        if not isinstance(length, int) or not 0 <= length <= len(self._ids):
+            raise ValueError(f"truncate length must be an int in [0, {len(self._ids)}]: {length!r}")
+        del self._ids[length:]
+        self._tree = _Tree()
+
+    def tree_forward(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        tokens = self._check_tokens(tokens, "tokens")
+        parents = _as_ids(parents, "parents")
+        if len(tokens) != len(parents):
+            raise ValueError(f"{len(tokens)} tokens but {len(parents)} parents")
+        first = self.pending_tree_size
+        for offset, (token, parent) in enumerate(zip(tokens, parents, strict=True)):
+            self._add_node(first + offset, token, parent)
+        return self.rows([self._node_context(n) for n in range(first, first + len(tokens))])
+
+    def keep_tree_path(self, nodes: Sequence[int]) -> None:
+        nodes = _as_ids(nodes, "nodes")
+        if not self.pending_tree_size:
+            raise RuntimeError("keep_tree_path() needs pending tree nodes from tree_forward()")
+        if nodes:
+            self._check_chain(nodes)
+            context = self._node_context(nodes[-1])
+            self._ids[:] = context
+        self._tree = _Tree()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _add_node(self, node: int, token: int, parent: int) -> None:
+        tree, length = self._tree, len(self._ids)
+        if parent >= node or parent < -(length + 1):
+            raise ValueError(
+                f"parent {parent} of node {node} must be a pending node < {node} or a cache "
+                f"offset in [-{length + 1}, -1]"
+            )
+        tree.tokens.append(token)
+        tree.parents.append(-1 if parent < 0 else parent)
+        tree.attach.append(length + parent if parent < 0 else tree.attach[parent])
+
+    def _node_context(self, node: int) -> list[int]:
+        """Cache up to the node's root attachment, then its ancestors' tokens, then itself."""
+        tree, chain = self._tree, []
+        while node >= 0:
+            chain.append(tree.tokens[node])
+            root_attach = tree.attach[node]
+            node = tree.parents[node]
+        return self._ids[: root_attach + 1] + chain[::-1]
+
+    def _check_chain(self, nodes: list[int]) -> None:
+        tree = self._tree
+        if any(not 0 <= n < len(tree.tokens) for n in nodes):
+            raise ValueError(
+                f"nodes must be pending tree indices in [0, {len(tree.tokens)}): {nodes}"
+            )
+        if tree.parents[nodes[0]] != -1:
+            raise ValueError(f"path must start at a root (a node with a negative parent): {nodes}")
+        for prev, node in itertools.pairwise(nodes):
+            if tree.parents[node] != prev:
+                raise ValueError(f"node {node} is not a child of node {prev}; path {nodes}")
+
+    def _check_tokens(self, ids: Sequence[int], what: str) -> list[int]:
+        ids = _as_ids(ids, what)
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"{what} contains ids outside [0, {self.vocab_size}): {bad[:5]}")
+        return ids
+
+
+def _as_ids(values: Sequence[int], what: str) -> list[int]:
+    try:
+        return [operator.index(v) for v in values]
+    except TypeError as exc:
+        raise TypeError(f"{what} must be a sequence of integers, got {values!r}") from exc
+
+
+def synthetic_pair(alpha: float, **spec: object) -> tuple[SyntheticLM, SyntheticLM]:
+    """(draft, target) sharing one `SyntheticSpec(alpha, **spec)`."""
+    shared = SyntheticSpec(alpha, **spec)  # type: ignore[arg-type]
+    return SyntheticLM(shared, "draft"), SyntheticLM(shared, "target")
