@@ -544,3 +544,22 @@ def test_errors_inside_machines_carry_the_virtual_time() -> None:
             edge, Scripted("cloud", [], journal), Link(1e6, 0.0), LINEAR, LINEAR, size_fn=toy_bits
         )
     assert any("edge compute 'x' at t=0" in note for note in info.value.__notes__)
+
+
+def test_default_message_size_is_the_exact_wire_encoding() -> None:
+    from wanspec import wire
+
+    draft = wire.Draft(round=0, tokens=(5, 300, 70_000), probs=(65535, 123, 9))
+
+    class Edge:
+        def handle(self, event):
+            return [Send(draft)] if isinstance(event, Start) else [Finish("done")]
+
+    class Cloud:
+        def handle(self, event):
+            return [Send(wire.Close("bye"))] if isinstance(event, MessageReceived) else []
+
+    res = simulate(Edge(), Cloud(), Link(1e4, rtt_s=0.0), LINEAR, LINEAR)
+    up, down = 8 * len(wire.encode(draft)), 8 * len(wire.encode(wire.Close("bye")))
+    assert res.bits == {"up": up, "down": down}
+    assert res.duration_s == pytest.approx((up + down) / 1e4)
