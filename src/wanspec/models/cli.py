@@ -39,7 +39,7 @@ def list_models() -> None:
         )
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)]
     for row in rows:
-        click.echo("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=False)) + row[-1])
+        click.echo("  ".join([*(c.ljust(w) for c, w in zip(row, widths, strict=False)), row[-1]]))
 
 
 def _status(name: str) -> str:

@@ -129,8 +129,8 @@ def convert_gguf_tokenizer(gguf: Path, out_dir: Path) -> Any:
 def build_dir_atomically(final: Path, build: Callable[[Path], None]) -> Path:
     """Run ``build(tmp)`` into a fresh temp folder, then rename it to ``final``.
 
-    A stale ``final`` is swapped out only after the new one is complete. If another process
-    finished the same folder first, its copy wins and ours is discarded.
+    Readers therefore see a complete folder or none. An existing ``final`` (stale, or just
+    built by a concurrent pull of the same model) is swapped out only once ours is complete.
     """
     final.parent.mkdir(parents=True, exist_ok=True)
     with _temp_dir(final) as tmp:
@@ -159,7 +159,7 @@ def _swap_in(tmp: Path, final: Path) -> None:
     try:
         os.rename(tmp, final)
     except OSError:
-        if not final.is_dir():  # not a lost race: a real failure
+        if not final.is_dir():  # a real failure, not another build landing in between
             raise
     finally:
         if old is not None:
