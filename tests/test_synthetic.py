@@ -125,43 +125,41 @@ def test_overlap_is_alpha_at_every_position_even_quantised(alpha: float) -> None
         assert np.count_nonzero(np.isclose(row_q, row_q.max())) == 1  # unique greedy token
 
 
+def sample(row: np.ndarray, rng: np.random.Generator) -> int:
+    return min(int(np.searchsorted(np.cumsum(row), rng.random() * row.sum())), len(row) - 1)
+
+
 def speculative_rounds(alpha: float, gamma: int, rounds: int, seed: int) -> tuple[int, int, int]:
     """Standard speculative sampling at temperature 1; returns (drafted, accepted, full rounds)."""
     draft, target = synthetic_pair(alpha, vocab_size=400, seed=seed)
     rng = np.random.default_rng(seed)
-    prompt = [1, 2, 3]
-    draft.prefill(prompt)
-    target.prefill(prompt)
+    p_next = probs(draft.prefill([1, 2, 3]))[-1]  # distributions after the committed prefix
+    q_next = probs(target.prefill([1, 2, 3]))[-1]
     drafted = accepted = full = 0
     for _ in range(rounds):
         start = draft.length
-        p_rows, tokens = [], []
-        row = probs(draft.rows([draft.ids]))[0]  # the distribution after the cached context
+        p_rows, tokens = [p_next], []
         for _ in range(gamma):
-            token = int(rng.choice(len(row), p=row))
-            p_rows.append(row)
-            tokens.append(token)
-            row = probs(draft.extend([token]))[0]
-        q_rows = probs(torch.cat([target.rows([target.ids]), target.extend(tokens)]))
+            tokens.append(sample(p_rows[-1], rng))
+            p_rows.append(probs(draft.extend(tokens[-1:]))[0])
+        q_rows = np.vstack([q_next, probs(target.extend(tokens))])
         n_ok = 0
-        for i, token in enumerate(tokens):
-            drafted += 1
-            if rng.random() < min(1.0, q_rows[i, token] / p_rows[i][token]):
-                n_ok += 1
-            else:
-                break
+        while (
+            n_ok < gamma and rng.random() < q_rows[n_ok, tokens[n_ok]] / p_rows[n_ok][tokens[n_ok]]
+        ):
+            n_ok += 1
+        drafted += min(n_ok + 1, gamma)
         accepted += n_ok
         full += n_ok == gamma
         if n_ok == gamma:
-            extra = int(rng.choice(q_rows.shape[1], p=q_rows[gamma]))
+            extra = sample(q_rows[gamma], rng)
         else:
-            residual = np.maximum(q_rows[n_ok] - p_rows[n_ok], 0)
-            extra = int(rng.choice(len(residual), p=residual / residual.sum()))
+            extra = sample(np.maximum(q_rows[n_ok] - p_rows[n_ok], 0), rng)
         keep = [*tokens[:n_ok], extra]
         draft.truncate(start)
-        draft.extend(keep)
+        p_next = probs(draft.extend(keep))[-1]
         target.truncate(start)
-        target.extend(keep)
+        q_next = probs(target.extend(keep))[-1]
     return drafted, accepted, full
 
 

@@ -71,10 +71,15 @@ class SyntheticSpec:
         """The token sets (A, B) after `context`; A is ordered by decreasing target weight."""
         k = self.context_tokens
         tail = list(context[-k:]) if k else []
-        key = [self.seed, len(context), *([self.vocab_size] * (k - len(tail))), *tail]
-        rng = np.random.default_rng(key)
-        chosen = rng.choice(self.vocab_size, self.target_support + self.draft_extra, replace=False)
-        return chosen[: self.target_support], chosen[self.target_support :]
+        h = _mix(self.seed)
+        for value in (len(context), *([self.vocab_size] * (k - len(tail))), *tail):
+            h = _mix(h ^ (int(value) + _GOLDEN))
+        chosen: dict[int, None] = {}  # insertion-ordered set
+        while len(chosen) < self.target_support + self.draft_extra:
+            h = _mix(h + _GOLDEN)
+            chosen.setdefault(h % self.vocab_size)
+        ids = np.fromiter(chosen, dtype=np.int64)
+        return ids[: self.target_support], ids[self.target_support :]
 
     def probs(self, context: Sequence[int], role: Role) -> np.ndarray:
         """The float64 next-token distribution of `role` after `context`."""
@@ -86,6 +91,18 @@ class SyntheticSpec:
             out[a] = self.alpha * self.target_weights
             out[b] = (1.0 - self.alpha) / self.draft_extra
         return out
+
+
+_MASK = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+
+
+def _mix(x: int) -> int:
+    """SplitMix64 finaliser: a stable, platform-independent 64-bit hash step."""
+    x &= _MASK
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK
+    return x ^ (x >> 31)
 
 
 def _logits(probs: np.ndarray) -> np.ndarray:
