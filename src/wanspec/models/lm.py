@@ -1,0 +1,354 @@
+"""The language-model interface every protocol drives, and its transformers backend.
+
+A `LanguageModel` owns the KV cache of one sequence. Besides plain extension and rollback it can
+score a whole token tree in one forward pass (tree attention) and then keep one root-to-leaf path
+of that tree in place (AceSpec's COMPACT_KV), so a drafted branch never has to be recomputed.
+
+Tree nodes are numbered globally among the *pending* nodes (those appended by `tree_forward`
+since the last `extend`, `truncate` or `keep_tree_path`): a first call numbers its nodes 0..n-1,
+a second call continues at n and may attach to any earlier node. A negative parent `-k` attaches
+a root to the cached token at position `length - k` (so `-1` is the last cached token); the node
+then sees the cache only up to that token. This lets a drafter grow a tree depth by depth and
+branch off any point of an already cached main chain.
+"""
+
+from __future__ import annotations
+
+import inspect
+import itertools
+import operator
+import os
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # local folders only: never reach the hub
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
+
+DEFAULT_THREADS = 2
+_WINDOWED_TYPES = {"sliding_attention"}
+_FULL_TYPES = {"full_attention"}
+
+
+def default_threads() -> int:
+    """Torch intra-op threads: $WANSPEC_THREADS, else 2 (the edge-device budget we model)."""
+    value = os.environ.get("WANSPEC_THREADS", str(DEFAULT_THREADS))
+    if not value.isdigit() or int(value) < 1:
+        raise ValueError(f"WANSPEC_THREADS must be a positive integer, got {value!r}")
+    return int(value)
+
+
+class LanguageModel(ABC):
+    """KV-cached causal LM over one sequence (the batch dimension is kept, fixed at 1)."""
+
+    name: str
+    vocab_size: int
+    eos_token_ids: tuple[int, ...]
+    tokenizer: Any
+    config: Any
+
+    @property
+    @abstractmethod
+    def length(self) -> int:
+        """Tokens in the committed cache (pending tree nodes excluded)."""
+
+    @property
+    @abstractmethod
+    def pending_tree_size(self) -> int:
+        """Tree nodes appended by `tree_forward` and not yet kept or dropped."""
+
+    @abstractmethod
+    def extend(self, ids: Sequence[int]) -> torch.Tensor:
+        """Append `ids`; float32 logits [n, V], row i predicting the token after ids[i]."""
+
+    @abstractmethod
+    def truncate(self, length: int) -> None:
+        """Roll the cache back to `length` tokens; drops any pending tree nodes."""
+
+    @abstractmethod
+    def tree_forward(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        """Score tree nodes in one pass; float32 logits [n, V] (see the module docstring)."""
+
+    @abstractmethod
+    def keep_tree_path(self, nodes: Sequence[int]) -> None:
+        """Keep the chain `nodes` (root first) behind the prefix it hangs from; drop the rest."""
+
+    def reset(self) -> None:
+        """Forget the whole sequence."""
+        self.truncate(0)
+
+    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
+        """`reset()` then `extend(ids)`."""
+        self.reset()
+        return self.extend(ids)
+
+
+@dataclass
+class _PendingTree:
+    """Bookkeeping for tree nodes that sit in the KV cache behind the committed prefix."""
+
+    tokens: list[int] = field(default_factory=list)
+    parents: list[int] = field(default_factory=list)  # tree index, or -1 for a root
+    attach: list[int] = field(default_factory=list)  # last visible cache position of the root
+    positions: list[int] = field(default_factory=list)
+    ancestors: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=bool))
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+
+def _as_ids(values: Sequence[int], what: str) -> list[int]:
+    try:
+        return [operator.index(v) for v in values]
+    except TypeError as exc:
+        raise TypeError(f"{what} must be a sequence of integers, got {values!r}") from exc
+
+
+def _layer_windows(config: Any) -> dict[str, int | None]:
+    """Attention window per layer type (None = full causal), from a transformers config."""
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    types = getattr(text, "layer_types", None)
+    if not types:
+        uses = getattr(text, "use_sliding_window", True)
+        window = getattr(text, "sliding_window", None) if uses else None
+        return {"full_attention": window}
+    windows: dict[str, int | None] = {}
+    for kind in set(types):
+        if kind in _FULL_TYPES:
+            windows[kind] = None
+        elif kind in _WINDOWED_TYPES:
+            windows[kind] = int(text.sliding_window)
+        else:
+            raise NotImplementedError(f"layer type {kind!r} is not supported by tree attention")
+    return windows
+
+
+def tree_bias(
+    length: int,
+    attach: np.ndarray,
+    key_positions: np.ndarray,
+    query_positions: np.ndarray,
+    ancestors: np.ndarray,
+    window: int | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Additive attention bias [1, 1, n, length + T] for n new tree nodes.
+
+    A query sees cache slots up to its root's `attach` position and the tree slots marked in its
+    `ancestors` row (itself included); a window W also hides keys W or more positions back.
+    """
+    cache_visible = np.arange(length)[None, :] <= attach[:, None]
+    visible = np.concatenate([cache_visible, ancestors], axis=1)
+    if window is not None:
+        visible &= (query_positions[:, None] - key_positions[None, :]) < window
+    bias = torch.zeros(visible.shape, dtype=dtype)
+    bias.masked_fill_(torch.from_numpy(~visible), torch.finfo(dtype).min)
+    return bias[None, None]
+
+
+class HFLanguageModel(LanguageModel):
+    """`LanguageModel` over a transformers causal LM with a `DynamicCache` of full layers.
+
+    Every layer keeps all of its keys (no sliding-window eviction), so rollback and compaction are
+    plain tensor slicing; sliding-window layers get their window through the attention mask.
+    """
+
+    def __init__(self, model: PreTrainedModel, tokenizer: Any, name: str) -> None:
+        self.model = model.eval()
+        self.config = model.config
+        self.tokenizer = tokenizer
+        self.name = name
+        self.dtype = next(model.parameters()).dtype
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        self.eos_token_ids = _eos_token_ids(model, tokenizer)
+        self._windows = _layer_windows(model.config)
+        params = inspect.signature(model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._cache = DynamicCache()
+        self._length = 0
+        self._tree = _PendingTree()
+
+    def __repr__(self) -> str:
+        return f"HFLanguageModel({self.name!r}, length={self._length}, dtype={self.dtype})"
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    @property
+    def pending_tree_size(self) -> int:
+        return len(self._tree)
+
+    @torch.inference_mode()
+    def extend(self, ids: Sequence[int]) -> torch.Tensor:
+        ids = self._check_tokens(ids, "ids")
+        if len(self._tree):
+            raise RuntimeError(
+                "tree nodes are pending: call keep_tree_path() or truncate() before extend()"
+            )
+        if not ids:
+            return torch.empty((0, self.vocab_size), dtype=torch.float32)
+        positions = list(range(self._length, self._length + len(ids)))
+        logits = self._forward(ids, positions, mask=None)
+        self._length += len(ids)
+        return logits
+
+    @torch.inference_mode()
+    def truncate(self, length: int) -> None:
+        if not isinstance(length, int) or not 0 <= length <= self._length:
+            raise ValueError(f"truncate length must be an int in [0, {self._length}]: {length!r}")
+        for layer in self._layers():
+            layer.keys = layer.keys[..., :length, :]
+            layer.values = layer.values[..., :length, :]
+        self._length = length
+        self._tree = _PendingTree()
+
+    @torch.inference_mode()
+    def tree_forward(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
+        tokens = self._check_tokens(tokens, "tokens")
+        parents = _as_ids(parents, "parents")
+        if len(tokens) != len(parents):
+            raise ValueError(f"{len(tokens)} tokens but {len(parents)} parents")
+        if not tokens:
+            return torch.empty((0, self.vocab_size), dtype=torch.float32)
+        grown = self._grow_tree(tokens, parents)
+        mask = self._tree_mask(grown, len(tokens))
+        logits = self._forward(tokens, grown.positions[-len(tokens):], mask)
+        self._tree = grown
+        return logits
+
+    @torch.inference_mode()
+    def keep_tree_path(self, nodes: Sequence[int]) -> None:
+        nodes = _as_ids(nodes, "nodes")
+        tree = self._tree
+        if not len(tree):
+            raise RuntimeError("keep_tree_path() needs pending tree nodes from tree_forward()")
+        if not nodes:
+            self.truncate(self._length)
+            return
+        self._check_chain(nodes)
+        keep_prefix = tree.attach[nodes[0]] + 1
+        index = torch.tensor(list(range(keep_prefix)) + [self._length + n for n in nodes])
+        for layer in self._layers():
+            layer.keys = layer.keys.index_select(-2, index)
+            layer.values = layer.values.index_select(-2, index)
+        self._length = keep_prefix + len(nodes)
+        self._tree = _PendingTree()
+
+    # -- internals ---------------------------------------------------------------------------
+
+    def _layers(self) -> list[Any]:
+        return [layer for layer in self._cache.layers if layer.is_initialized]
+
+    def _check_tokens(self, ids: Sequence[int], what: str) -> list[int]:
+        ids = _as_ids(ids, what)
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"{what} contains ids outside [0, {self.vocab_size}): {bad[:5]}")
+        return ids
+
+    def _check_chain(self, nodes: list[int]) -> None:
+        tree = self._tree
+        if any(not 0 <= n < len(tree) for n in nodes):
+            raise ValueError(f"nodes must be pending tree indices in [0, {len(tree)}): {nodes}")
+        if tree.parents[nodes[0]] != -1:
+            raise ValueError(f"path must start at a root (a node with a negative parent): {nodes}")
+        for prev, node in itertools.pairwise(nodes):
+            if tree.parents[node] != prev:
+                raise ValueError(f"node {node} is not a child of node {prev}; path {nodes}")
+
+    def _grow_tree(self, tokens: list[int], parents: list[int]) -> _PendingTree:
+        """The pending tree with `tokens` appended; validates `parents`."""
+        old = self._tree
+        total = len(old) + len(tokens)
+        ancestors = np.zeros((total, total), dtype=bool)
+        ancestors[: len(old), : len(old)] = old.ancestors
+        grown = _PendingTree(list(old.tokens), list(old.parents), list(old.attach),
+                             list(old.positions), ancestors)
+        for offset, (token, parent) in enumerate(zip(tokens, parents, strict=True)):
+            node = len(old) + offset
+            if parent >= node or parent < -(self._length + 1):
+                raise ValueError(
+                    f"parent {parent} of node {node} must be a pending node < {node} or a cache "
+                    f"offset in [-{self._length + 1}, -1]"
+                )
+            if parent < 0:
+                attach, position = self._length + parent, self._length + parent + 1
+                grown.parents.append(-1)
+            else:
+                attach, position = grown.attach[parent], grown.positions[parent] + 1
+                ancestors[node] = ancestors[parent]
+                grown.parents.append(parent)
+            ancestors[node, node] = True
+            grown.tokens.append(token)
+            grown.attach.append(attach)
+            grown.positions.append(position)
+        return grown
+
+    def _tree_mask(self, tree: _PendingTree, n: int) -> torch.Tensor | dict[str, torch.Tensor]:
+        """One bias per attention-layer type; a dict only when the model mixes layer types."""
+        attach = np.asarray(tree.attach[-n:])
+        positions = np.asarray(tree.positions)
+        keys = np.concatenate([np.arange(self._length), positions])
+        masks = {
+            kind: tree_bias(self._length, attach, keys, positions[-n:], tree.ancestors[-n:],
+                            window, self.dtype)
+            for kind, window in self._windows.items()
+        }
+        return masks if len(masks) > 1 else next(iter(masks.values()))
+
+    def _forward(self, ids: list[int], positions: list[int],
+                 mask: torch.Tensor | dict[str, torch.Tensor] | None) -> torch.Tensor:
+        out = self.model(
+            input_ids=torch.tensor([ids]),
+            position_ids=torch.tensor([positions]),
+            attention_mask=mask,
+            use_cache=True,
+            **{self._cache_kwarg: self._cache},
+        )
+        return out.logits[0].float()
+
+
+def _eos_token_ids(model: PreTrainedModel, tokenizer: Any) -> tuple[int, ...]:
+    """Stop tokens as `generate` would use them: generation config, else config, else tokenizer."""
+    generation = getattr(model, "generation_config", None)
+    for source in (getattr(generation, "eos_token_id", None),
+                   getattr(model.config, "eos_token_id", None),
+                   getattr(tokenizer, "eos_token_id", None)):
+        if source is not None:
+            values = source if isinstance(source, (list, tuple)) else [source]
+            return tuple(sorted({int(v) for v in values}))
+    return ()
+
+
+def load_model(
+    path: str | Path,
+    dtype: torch.dtype = torch.float32,
+    threads: int | None = None,
+    attn_implementation: str = "sdpa",
+) -> HFLanguageModel:
+    """Load a local Hugging Face folder (model + tokenizer) as a `LanguageModel`.
+
+    `threads` sets torch's process-wide intra-op thread count (default `default_threads()`).
+    """
+    folder = Path(path).expanduser()
+    if not (folder / "config.json").is_file():
+        raise FileNotFoundError(f"{folder} is not a Hugging Face model folder (no config.json)")
+    threads = default_threads() if threads is None else threads
+    if not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be a positive integer, got {threads!r}")
+    torch.set_num_threads(threads)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(
+        folder, dtype=dtype, attn_implementation=attn_implementation, local_files_only=True,
+    )
+    tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    return HFLanguageModel(model, tokenizer, name=folder.name)

@@ -1,0 +1,28 @@
+"""Shared fixtures. Tiny random models are built once per session into a temporary folder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from wanspec.models.tiny import FAMILIES, make_tiny_model, make_tiny_pair
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """Folders of tiny Llama, Qwen2 and Gemma3 models (with their tokenizers), by family."""
+    root = tmp_path_factory.mktemp("tiny-models")
+    return {family: make_tiny_model(family, root / family, seed=1) for family in FAMILIES}
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_shared(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(draft, target) tiny Llama folders sharing one byte-level tokenizer."""
+    return make_tiny_pair(tmp_path_factory.mktemp("tiny-pair"), shared=True, seed=2)
+
+
+@pytest.fixture(scope="session")
+def tiny_pair_hetero(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(draft, target): draft has a Metaspace "▁" tokenizer, target a byte-level "Ġ" one."""
+    return make_tiny_pair(tmp_path_factory.mktemp("tiny-pair"), shared=False, seed=3)
