@@ -69,8 +69,10 @@ def _bpe_pieces(base: list[str], merges: list[tuple[str, str]]) -> list[str]:
     return pieces
 
 
-def byte_level_tokenizer(*, normalizer: normalizers.Normalizer | None = None) -> Tokenizer:
-    pieces = _bpe_pieces([BYTE_CHAR[b] for b in range(256)], BL_MERGES)
+def byte_level_tokenizer(
+    *, normalizer: normalizers.Normalizer | None = None, extra: tuple[str, ...] = ()
+) -> Tokenizer:
+    pieces = _bpe_pieces([BYTE_CHAR[b] for b in range(256)], BL_MERGES) + list(extra)
     tok = Tokenizer(models.BPE({p: i for i, p in enumerate(pieces)}, BL_MERGES))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
@@ -227,6 +229,16 @@ def test_identity_covers_every_token_including_ambiguous_ones(
         valid = np.flatnonzero(ident.target_valid)
         assert np.array_equal(ident.target_to_draft[valid], valid)
         assert not ident.in_common[-5:].any()
+
+
+def test_tokens_without_byte_meaning_pair_only_with_themselves(draft_tok: Tokenizer) -> None:
+    odd = byte_level_tokenizer(extra=("a b",))  # a raw space is not a byte-level character
+    odd_id = odd.token_to_id("a b")
+    assert TokenTable(odd).token_bytes[odd_id] is None
+    assert VocabAlignment.identity(odd).target_to_draft[odd_id] == odd_id
+    assert not VocabAlignment.build(draft_tok, odd).in_common[odd_id]
+    with pytest.raises(ValueError, match="no byte meaning"):
+        DraftRetokenizer(VocabAlignment.build(draft_tok, odd)).push(odd_id)
 
 
 def test_small_common_vocabulary_warns(target_tok: Tokenizer) -> None:
@@ -400,6 +412,10 @@ def test_text_retokenisation_adds_no_dummy_prefix_or_bos(
 ) -> None:
     naive = draft_tok.encode("hello").tokens
     assert naive[0] == "▁hello"  # what a plain encode does to a continuation
+    assert align.draft.encoder.encode("hello world", add_special_tokens=False).tokens == [
+        "hello",
+        "▁world",
+    ]  # the continuation encoder itself, not only the byte-exact fallback behind it
     assert [align.draft_piece(d) for d in align.retokenize_for_draft("hello")] == ["hello"]
     assert [align.draft_piece(d) for d in align.retokenize_for_draft(" hello")] == ["▁hello"]
     special = align.retokenize_for_draft("<|endoftext|>")
@@ -433,3 +449,118 @@ def test_invalid_utf8_bytes_are_spelled_with_byte_tokens(align: VocabAlignment) 
 )  # fmt: skip
 def test_incomplete_utf8_tail(data: bytes, cut: int) -> None:
     assert incomplete_utf8_tail(data) == cut
+
+
+# --- the real pair: SmolLM2-135M draft ↔ Qwen2.5 target (tokenizers from the registry) ----------
+
+REAL_TEXTS = [
+    "Hello, world!\n",
+    " 你好，世界。これは日本語です。",
+    "def f(x):\n    return x**2  # 🤖🎉👍🏽\n",
+    "Ελληνικά и русский текст, naïve café",
+    "\t\t  spaces   and\n\n\nnewlines",
+    "emoji family 👨‍👩‍👧‍👦 flags 🇫🇷 <|im_end|>",
+]
+QWEN_WIDTH = 151_936
+
+
+@pytest.fixture(scope="module")
+def qwen() -> PreTrainedTokenizerFast:
+    from wanspec.models.registry import load_tokenizer
+
+    return load_tokenizer("qwen2.5")
+
+
+@pytest.fixture(scope="module")
+def smol() -> PreTrainedTokenizerFast:
+    from wanspec.models.registry import load_tokenizer
+
+    return load_tokenizer("smollm2-135m")
+
+
+@pytest.fixture(scope="module")
+def real(smol: PreTrainedTokenizerFast, qwen: PreTrainedTokenizerFast) -> VocabAlignment:
+    return VocabAlignment.build(smol, qwen, draft_width=49_152, target_width=QWEN_WIDTH)
+
+
+def _plain_and_added(tok: PreTrainedTokenizerFast) -> tuple[dict[str, int], dict[str, tuple]]:
+    added = tok.backend_tokenizer.get_added_tokens_decoder()
+    plain = {p: i for p, i in tok.backend_tokenizer.get_vocab(False).items() if i not in added}
+    return plain, {a.content: (i, a.special) for i, a in added.items()}
+
+
+@pytest.mark.slow
+def test_real_pair_common_vocabulary(
+    real: VocabAlignment, smol: PreTrainedTokenizerFast, qwen: PreTrainedTokenizerFast
+) -> None:
+    """Both are byte-level BPE over the same alphabet, so C must be exactly the pieces the two
+    vocabularies share, plus the special tokens both declare special."""
+    (q_plain, q_added), (s_plain, s_added) = _plain_and_added(qwen), _plain_and_added(smol)
+    expected = {(q_plain[p], s_plain[p]) for p in q_plain.keys() & s_plain.keys()}
+    expected |= {
+        (q_added[c][0], s_added[c][0])
+        for c in q_added.keys() & s_added.keys()
+        if q_added[c][1] == s_added[c][1]
+    }
+    got = set(zip(real.common_target_ids.tolist(), real.common_draft_ids.tolist(), strict=True))
+    assert got == expected
+    stats = real.stats()
+    assert (stats.draft_vocab, stats.target_vocab, stats.target_width) == (
+        len(smol),
+        len(qwen),
+        QWEN_WIDTH,
+    )
+    assert not real.target_valid[len(qwen) :].any() and not real.in_common[len(qwen) :].any()
+    t_in_c = np.flatnonzero(real.in_common)
+    assert np.array_equal(real.draft_to_target[real.target_to_draft[t_in_c]], t_in_c)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("text", REAL_TEXTS)
+def test_real_llm_only_tokens_retokenise_to_the_same_text(
+    text: str, real: VocabAlignment, smol: PreTrainedTokenizerFast, qwen: PreTrainedTokenizerFast
+) -> None:
+    target_ids = qwen.encode(text, add_special_tokens=False)
+    assert any(not real.in_common[t] for t in target_ids)  # the O path is exercised
+    retok, draft_ids = DraftRetokenizer(real), []
+    for t in target_ids:  # as on the wire: common tokens by id, LLM-only ones by piece
+        draft_ids += retok.push(t) if real.in_common[t] else retok.push_piece(real.target_piece(t))
+    assert retok.pending == b""
+    assert smol.decode(draft_ids, clean_up_tokenization_spaces=False) == text
+    assert real.draft.bytes_of(draft_ids) == text.encode()
+
+
+@pytest.mark.slow
+def test_real_partial_utf8_target_token_is_held_back(real: VocabAlignment) -> None:
+    retok = DraftRetokenizer(real)
+    held = real.target_id_from_piece("ĠðŁĳ")  # " " + the first 3 bytes of 👍 (F0 9F 91 8D)
+    assert not real.in_common[held]
+    assert real.draft.bytes_of(retok.push(held)) == b" " and retok.pending == b"\xf0\x9f\x91"
+    ids = retok.push(real.target_id_from_piece("į"))  # the last byte, 0x8D
+    assert retok.pending == b"" and real.draft.bytes_of(ids) == "👍".encode()
+
+
+@pytest.mark.slow
+def test_real_reverse_direction_and_identity(
+    smol: PreTrainedTokenizerFast, qwen: PreTrainedTokenizerFast, real: VocabAlignment
+) -> None:
+    reverse = VocabAlignment.build(qwen, smol, draft_width=QWEN_WIDTH)
+    assert reverse.stats().common == real.stats().common
+    for text in REAL_TEXTS:  # Qwen (NFC-normalising) as the draft still gets the exact bytes
+        ids = reverse.retokenize_for_draft(smol.encode(text, add_special_tokens=False))
+        assert qwen.decode(ids, clean_up_tokenization_spaces=False) == text
+    ident = VocabAlignment.identity(qwen, QWEN_WIDTH)
+    assert ident.is_identity and ident.stats().common == len(qwen)
+    assert ident.target_valid.sum() == len(qwen) < QWEN_WIDTH
+
+
+@pytest.mark.slow
+def test_real_wrong_pairs_and_fingerprints(
+    real: VocabAlignment, qwen: PreTrainedTokenizerFast
+) -> None:
+    with pytest.raises(ValueError, match="only 49152 embedding"):
+        check_pair(real.target, 49_152, role="draft model")
+    with pytest.raises(ValueError, match="wrong tokenizer"):
+        check_pair(real.draft, QWEN_WIDTH, role="target model")
+    assert fingerprint(real.target) != fingerprint(real.draft)
+    assert fingerprint(real.target) == fingerprint(qwen.backend_tokenizer)

@@ -22,7 +22,6 @@ target tokens into draft ids with `DraftRetokenizer`: byte-exact, incremental, n
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import json
 import re
@@ -36,6 +35,20 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 from tokenizers import Tokenizer
+
+__all__ = [
+    "DraftRetokenizer",
+    "Kind",
+    "NoCommonMassError",
+    "TokenTable",
+    "VocabAlignment",
+    "VocabStats",
+    "backend_of",
+    "check_pair",
+    "common_pairs",
+    "fingerprint",
+    "incomplete_utf8_tail",
+]
 
 MIN_COMMON_WARN = 100
 _BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
@@ -68,6 +81,11 @@ def _byte_level_chars() -> dict[str, int]:
 
 
 _BYTE_LEVEL_CHARS = _byte_level_chars()
+# str.translate table: byte-level char -> the Latin-1 char of its byte; any other char below 256
+# -> a code point that Latin-1 cannot encode, so pieces with foreign characters are rejected.
+_BYTE_LEVEL_TRANSLATE = {c: 0x10FFFF for c in range(256)} | {
+    ord(c): b for c, b in _BYTE_LEVEL_CHARS.items()
+}
 
 
 def backend_of(tokenizer: Any) -> Tokenizer:
@@ -104,10 +122,11 @@ def _decoder_parts(node: dict | None) -> list[dict]:
     return [node]
 
 
-def _detect_scheme(config: dict) -> _Scheme:
-    parts = _decoder_parts(config.get("decoder"))
+def _detect_scheme(backend: Tokenizer) -> _Scheme:
+    decoder = json.loads(backend.decoder.__getstate__()) if backend.decoder is not None else None
+    parts = _decoder_parts(decoder)
     types = {part.get("type") for part in parts}
-    fallback = "ByteFallback" in types or bool((config.get("model") or {}).get("byte_fallback"))
+    fallback = "ByteFallback" in types or bool(getattr(backend.model, "byte_fallback", False))
     if "ByteLevel" in types:
         return _Scheme(byte_level=True, space_marker=None, byte_fallback=False)
     for part in parts:
@@ -125,8 +144,8 @@ def _piece_bytes(piece: str, scheme: _Scheme) -> tuple[bytes | None, Kind]:
     """Bytes an ordinary vocabulary piece stands for, and whether it is a byte-fallback token."""
     if scheme.byte_level:
         try:
-            return bytes(_BYTE_LEVEL_CHARS[c] for c in piece), Kind.REGULAR
-        except KeyError:
+            return piece.translate(_BYTE_LEVEL_TRANSLATE).encode("latin-1"), Kind.REGULAR
+        except UnicodeEncodeError:
             return None, Kind.REGULAR
     match = _BYTE_FALLBACK.match(piece) if scheme.byte_fallback else None
     if match:
@@ -161,16 +180,24 @@ def _without_prefix_space(node: dict | None) -> dict | None:
     return node
 
 
-def _continuation_encoder(config: dict) -> Tokenizer:
-    """An encoder for text that continues a context: no dummy prefix, no BOS/EOS template, and
-    special-token strings in the text stay text."""
-    config = copy.deepcopy(config)
-    config["normalizer"] = _without_prepend(config.get("normalizer"))
-    config["pre_tokenizer"] = _without_prefix_space(config.get("pre_tokenizer"))
-    config["post_processor"] = None
-    config["truncation"] = None
-    config["padding"] = None
-    encoder = Tokenizer.from_str(json.dumps(config))
+def _state(component: Any) -> dict | None:
+    return None if component is None else json.loads(component.__getstate__())
+
+
+def _continuation_encoder(backend: Tokenizer) -> Tokenizer:
+    """A copy of `backend` for text that continues a context: no dummy prefix (no leading "▁"
+    or space injected), no truncation/padding, and special-token strings in the text stay text.
+    (BOS/EOS templates are off anyway: callers pass add_special_tokens=False.)"""
+    normalizer, pre_tokenizer = _state(backend.normalizer), _state(backend.pre_tokenizer)
+    changed = _without_prepend(normalizer), _without_prefix_space(pre_tokenizer)
+    text = backend.to_str()
+    if changed != (normalizer, pre_tokenizer):  # the JSON round trip costs ~1 s for 150k merges
+        config = json.loads(text)
+        config["normalizer"], config["pre_tokenizer"] = changed
+        text = json.dumps(config)
+    encoder = Tokenizer.from_str(text)
+    encoder.no_truncation()
+    encoder.no_padding()
     encoder.encode_special_tokens = True
     return encoder
 
@@ -180,8 +207,8 @@ class TokenTable:
 
     def __init__(self, tokenizer: Any) -> None:
         backend = backend_of(tokenizer)
-        self.config: dict = json.loads(backend.to_str())
-        self.scheme = _detect_scheme(self.config)
+        self._backend = backend
+        self.scheme = _detect_scheme(backend)
         vocab = backend.get_vocab(with_added_tokens=False)
         added = backend.get_added_tokens_decoder()
         self.size = max([*vocab.values(), *added.keys()], default=-1) + 1
@@ -196,8 +223,12 @@ class TokenTable:
             self.token_bytes[idx] = token.content.encode("utf-8")
             self.kinds[idx] = Kind.SPECIAL if token.special else Kind.ADDED
         self.piece_to_id = {p: i for i, p in enumerate(self.pieces) if p is not None}
-        self.encoder = _continuation_encoder(self.config)
         self.kinds.setflags(write=False)
+
+    @cached_property
+    def encoder(self) -> Tokenizer:
+        """The continuation encoder (built on first use: only the draft side needs one)."""
+        return _continuation_encoder(self._backend)
 
     @property
     def count(self) -> int:
@@ -276,11 +307,10 @@ def fingerprint(tokenizer: Any) -> str:
     """sha256 over the vocabulary, the added/special tokens and the piece scheme: equal
     fingerprints mean both sides read token ids identically (for the wire hello)."""
     table = tokenizer if isinstance(tokenizer, TokenTable) else TokenTable(tokenizer)
-    payload = {
-        "scheme": table.scheme.name,
-        "tokens": [[i, table.pieces[i], int(k)] for i, k in enumerate(table.kinds)],
-    }
-    return hashlib.sha256(json.dumps(payload, ensure_ascii=False).encode("utf-8")).hexdigest()
+    digest = hashlib.sha256(table.scheme.name.encode())
+    digest.update(json.dumps(table.pieces, ensure_ascii=False).encode("utf-8"))  # id order
+    digest.update(table.kinds.tobytes())
+    return digest.hexdigest()
 
 
 def check_pair(
@@ -305,15 +335,19 @@ def check_pair(
 
 
 def _compatible(a: int, b: int) -> bool:
-    ordinary = (Kind.REGULAR, Kind.BYTE)
-    return (a in ordinary and b in ordinary) or a == b
+    """Ordinary (REGULAR/BYTE) pairs with ordinary; added/special only with the same kind."""
+    a, b = int(a), int(b)
+    return (a <= Kind.BYTE and b <= Kind.BYTE) or a == b
 
 
-def _groups(table: TokenTable) -> dict[bytes, list[int]]:
-    groups: dict[bytes, list[int]] = {}
-    for idx, data in enumerate(table.token_bytes):
-        if data:
-            groups.setdefault(data, []).append(idx)
+def _groups(table: TokenTable) -> dict[bytes | tuple, list[int]]:
+    """Ids by the bytes they stand for. Tokens without byte meaning (empty, undecodable) can only
+    meet the very same piece of the same kind under the same scheme (e.g. the same tokenizer)."""
+    groups: dict[bytes | tuple, list[int]] = {}
+    for idx in np.flatnonzero(table.kinds != Kind.ABSENT).tolist():
+        data = table.token_bytes[idx]
+        key = data or (table.scheme.name, table.pieces[idx], int(table.kinds[idx]))
+        groups.setdefault(key, []).append(idx)
     return groups
 
 
@@ -368,6 +402,22 @@ class VocabStats:
         return self.common / self.target_vocab
 
 
+def _map_arrays(
+    t_ids: np.ndarray, d_ids: np.ndarray, target_width: int, draft_width: int
+) -> dict[str, np.ndarray]:
+    draft_to_target = np.full(draft_width, -1, dtype=np.int64)
+    target_to_draft = np.full(target_width, -1, dtype=np.int64)
+    draft_to_target[d_ids], target_to_draft[t_ids] = t_ids, d_ids
+    return {
+        "draft_to_target": draft_to_target,
+        "target_to_draft": target_to_draft,
+        "in_common": target_to_draft >= 0,
+        "draft_in_common": draft_to_target >= 0,
+        "common_target_ids": t_ids.copy(),
+        "common_draft_ids": d_ids.copy(),
+    }
+
+
 def _frozen(array: np.ndarray) -> np.ndarray:
     array.setflags(write=False)
     return array
@@ -412,25 +462,14 @@ class VocabAlignment:
         check_pair(draft, draft_width, role="draft model")
         check_pair(target, target_width, role="target model")
         pairs = np.array(common_pairs(target, draft), dtype=np.int64).reshape(-1, 2)
-        t_ids, d_ids = pairs[:, 0], pairs[:, 1]
-        draft_to_target = np.full(draft_width, -1, dtype=np.int64)
-        target_to_draft = np.full(target_width, -1, dtype=np.int64)
-        draft_to_target[d_ids], target_to_draft[t_ids] = t_ids, d_ids
-        if len(t_ids) < MIN_COMMON_WARN:
+        if len(pairs) < MIN_COMMON_WARN:
             warnings.warn(
-                f"common vocabulary has only {len(t_ids)} tokens: TLI drafting will rarely match",
+                f"common vocabulary has only {len(pairs)} tokens: TLI drafting will rarely match",
                 stacklevel=2,
             )
-        arrays = {
-            "draft_valid": draft.valid_mask(draft_width),
-            "target_valid": target.valid_mask(target_width),
-            "draft_to_target": draft_to_target,
-            "target_to_draft": target_to_draft,
-            "in_common": target_to_draft >= 0,
-            "draft_in_common": draft_to_target >= 0,
-            "common_target_ids": t_ids.copy(),
-            "common_draft_ids": d_ids.copy(),
-        }
+        arrays = _map_arrays(pairs[:, 0], pairs[:, 1], target_width, draft_width)
+        arrays["draft_valid"] = draft.valid_mask(draft_width)
+        arrays["target_valid"] = target.valid_mask(target_width)
         arrays = {name: _frozen(array) for name, array in arrays.items()}
         return cls(draft, target, draft_width, target_width, **arrays)
 
@@ -439,8 +478,8 @@ class VocabAlignment:
         """Shared vocabulary: the same tokenizer on both sides, so C = every valid token."""
         table = _table(tokenizer)
         alignment = cls.build(table, table, draft_width=width, target_width=width)
-        if not alignment.is_identity:
-            raise AssertionError("identity alignment does not cover the whole vocabulary")
+        if not alignment.is_identity:  # cannot happen: every entry meets itself
+            raise RuntimeError("identity alignment does not cover the whole vocabulary")
         return alignment
 
     def __repr__(self) -> str:
