@@ -1,0 +1,86 @@
+"""The one binary codec for every wanspec message; it also counts the bits that travel.
+
+    frame = encode(msg)            # bytes: header (magic|version, type, length) + payload
+    msg = decode(frame, limits)    # WireError (a ValueError) on anything malformed
+    bits(msg) == 8 * len(encode(msg))
+    dec = FrameDecoder(); dec.feed(chunk); for msg in dec: ...
+
+Messages are frozen dataclasses (see `wanspec.wire.messages`); `Limits` bounds what a decoder
+accepts and `Limits.with_vocab(V)` adds the per-connection token-id bound.
+
+Costs (v(x) = bytes of the LEB128 varint of x; a frame with an L-byte payload is 2 + v(L) + L):
+- Draft, γ tokens, probs, no committed/positions: L = v(round) + v(8γ+1) + Σ v(x_i) + 2γ.
+- VerifyResult: L = v(round) + v(accepted) + 1 (presence flags) + each present field:
+  token v(id); dist v(W) + min(dense, sparse) with dense = 1 + 2W and
+  sparse = v(n+1) + Σ v(id_k − id_{k−1} − 1) + 2n (id_0 = −1); theta_o 2; o_token v(id);
+  candidates v(K) + Σ v(y_k) + 2K; pieces v(n−1) + Σ (v(gap) + v(len) + len).
+- Tokens: L = v(2n + finished) + Σ v(id).
+"""
+
+from wanspec.wire.codec import (
+    WIRE_VERSION,
+    FrameDecoder,
+    bits,
+    decode,
+    dense_size,
+    encode,
+    parse_header,
+    sparse_size,
+)
+from wanspec.wire.errors import WireError
+from wanspec.wire.messages import (
+    DEFAULT_LIMITS,
+    PROB_SCALE,
+    Candidates,
+    CandidatesRequest,
+    Close,
+    Dist,
+    Draft,
+    DraftWithDists,
+    Error,
+    Hello,
+    HelloAck,
+    HiddenStates,
+    Limits,
+    Message,
+    OToken,
+    ResampleKind,
+    ResampleRequest,
+    StartRequest,
+    Tokens,
+    VerifyResult,
+)
+from wanspec.wire.validate import validate
+
+__all__ = [
+    "DEFAULT_LIMITS",
+    "PROB_SCALE",
+    "WIRE_VERSION",
+    "Candidates",
+    "CandidatesRequest",
+    "Close",
+    "Dist",
+    "Draft",
+    "DraftWithDists",
+    "Error",
+    "FrameDecoder",
+    "Hello",
+    "HelloAck",
+    "HiddenStates",
+    "Limits",
+    "Message",
+    "OToken",
+    "ResampleKind",
+    "ResampleRequest",
+    "StartRequest",
+    "Tokens",
+    "VerifyResult",
+    "WireError",
+    "bits",
+    "decode",
+    "dense_size",
+    "encode",
+    "parse_header",
+    "sparse_size",
+    "validate",
+]

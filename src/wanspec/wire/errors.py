@@ -1,0 +1,5 @@
+"""The single error type of the codec."""
+
+
+class WireError(ValueError):
+    """A message cannot be encoded, or a frame is malformed, truncated or over a limit."""

@@ -1,0 +1,434 @@
+"""Wire messages: frozen dataclasses of plain data, plus the `Dist` and `Limits` value types.
+
+Token-id lists are tuples of Python ints (equality in tests and protocols is then trivial; the
+lists are short). Bulk data stays numpy: a `Dist` holds int64 arrays, `HiddenStates` a float16
+array; both are read-only copies with value equality. Constructors only normalise types (lists to
+tuples, numpy ints to ints, arrays to read-only copies); range and consistency checks happen in
+`wanspec.wire.validate`, which `encode` and `decode` both run.
+
+All ids are target-vocabulary ids. Counts are quantised probabilities: integers in [0, 65535]
+where a complete distribution sums to exactly `PROB_SCALE` (see docs/ARCHITECTURE.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import operator
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from wanspec.wire.errors import WireError
+
+PROB_SCALE = 65535  # the total of a complete quantised distribution (= wanspec.sampling.quant's)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Hard bounds a decoder enforces (and an encoder, so that whatever it sends decodes).
+
+    `max_vocab`, when set (per connection, e.g. the target's logits width), bounds every token id
+    and distribution width; otherwise ids are bounded by `max_width`.
+    """
+
+    max_frame: int = 8 << 20  # bytes of one frame, header included
+    max_tokens: int = 1024  # entries of one id / prob / position list
+    max_width: int = 1 << 18  # width of a distribution
+    max_vocab: int | None = None
+    max_string: int = 1 << 20  # UTF-8 bytes of one string (prompt, piece, settings JSON)
+    max_candidates: int = 1024
+    max_dists: int = 64  # distributions in one DraftWithDists
+    max_hidden: int = 1 << 22  # float16 elements in one HiddenStates
+    max_ndim: int = 4  # dimensions of a HiddenStates array
+
+    @property
+    def id_bound(self) -> int:
+        """Exclusive upper bound on token ids."""
+        return self.max_width if self.max_vocab is None else self.max_vocab
+
+    def with_vocab(self, vocab: int) -> Limits:
+        """These limits with token ids checked against a connection's vocabulary width."""
+        return dataclasses.replace(self, max_vocab=vocab)
+
+
+DEFAULT_LIMITS = Limits()
+
+
+# ----------------------------------------------------------------------------- normalisers
+def _index(value: Any, what: str) -> int:
+    try:
+        return operator.index(value)
+    except TypeError as exc:
+        raise WireError(f"{what} must be an integer, got {type(value).__name__}") from exc
+
+
+def _opt_index(value: Any, what: str) -> int | None:
+    return None if value is None else _index(value, what)
+
+
+def _ints(values: Iterable[Any], what: str) -> tuple[int, ...]:
+    if isinstance(values, np.ndarray):
+        if values.dtype.kind not in "iub":
+            raise WireError(f"{what} must hold integers, got dtype {values.dtype}")
+        return tuple(values.tolist())
+    return tuple(_index(v, what) for v in values)
+
+
+def _pairs(values: Iterable[Any], what: str) -> tuple[tuple[int, int], ...]:
+    try:
+        return tuple((_index(a, what), _index(b, what)) for a, b in values)
+    except (TypeError, ValueError) as exc:
+        raise WireError(f"{what} must be (id, count) pairs") from exc
+
+
+def _pieces(values: Iterable[Any]) -> tuple[tuple[int, str], ...]:
+    try:
+        out = tuple((_index(tid, "piece id"), piece) for tid, piece in values)
+    except (TypeError, ValueError) as exc:
+        raise WireError("pieces must be (id, str) pairs") from exc
+    if not all(isinstance(piece, str) for _, piece in out):
+        raise WireError("pieces must be (id, str) pairs")
+    return out
+
+
+def _int_array(values: Any, what: str) -> np.ndarray:
+    arr = np.asarray(values)
+    if arr.size and arr.dtype.kind not in "iu":
+        raise WireError(f"{what} must be integers, got dtype {arr.dtype}")
+    return arr.astype(np.int64).reshape(-1)
+
+
+def _readonly(arr: np.ndarray) -> np.ndarray:
+    arr.setflags(write=False)
+    return arr
+
+
+def _set(obj: object, name: str, value: Any) -> None:
+    object.__setattr__(obj, name, value)
+
+
+# ----------------------------------------------------------------------------- Dist
+@dataclass(frozen=True, eq=False)
+class Dist:
+    """A (possibly partial) quantised distribution over `width` ids, stored sparse.
+
+    `ids` (strictly increasing) and `counts` (each in 1..65535, total ≤ 65535) list the non-zero
+    entries; zero counts given to the constructor are dropped. The codec picks the smaller of the
+    dense (uint16 × width) and sparse (delta-varint ids + uint16 counts) encodings.
+    """
+
+    width: int
+    ids: np.ndarray
+    counts: np.ndarray
+
+    def __post_init__(self) -> None:
+        _set(self, "width", _index(self.width, "dist width"))
+        ids, counts = _int_array(self.ids, "dist ids"), _int_array(self.counts, "dist counts")
+        if ids.shape != counts.shape:
+            raise WireError(f"dist has {len(ids)} ids but {len(counts)} counts")
+        keep = counts != 0
+        _set(self, "ids", _readonly(ids[keep]))
+        _set(self, "counts", _readonly(counts[keep]))
+
+    @classmethod
+    def from_dense(cls, counts: np.ndarray) -> Dist:
+        """From a width-V count array (e.g. the output of `wanspec.sampling.quant`)."""
+        dense = np.asarray(counts)
+        if dense.ndim != 1 or dense.dtype.kind not in "iu":
+            raise WireError(f"dense dist must be a 1-D int array, got {dense.dtype}{dense.shape}")
+        ids = np.flatnonzero(dense)
+        return cls(len(dense), ids, dense[ids])
+
+    def to_dense(self) -> np.ndarray:
+        """The width-V int64 count array."""
+        out = np.zeros(self.width, dtype=np.int64)
+        out[self.ids] = self.counts
+        return out
+
+    @property
+    def total(self) -> int:
+        return int(self.counts.sum())
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, Dist):
+            return NotImplemented
+        return (
+            self.width == other.width
+            and np.array_equal(self.ids, other.ids)
+            and np.array_equal(self.counts, other.counts)
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.width, self.ids.tobytes(), self.counts.tobytes()))
+
+
+# ----------------------------------------------------------------------------- control
+@dataclass(frozen=True)
+class Hello:
+    """Edge → cloud at connect: who I am and what I run; the cloud checks the fingerprints."""
+
+    protocol_version: int
+    role: str
+    method: str
+    model_fingerprint: str
+    tokenizer_fingerprint: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _set(self, "protocol_version", _index(self.protocol_version, "protocol_version"))
+
+
+@dataclass(frozen=True)
+class HelloAck:
+    """Cloud → edge: the cloud's own fingerprints and the settings it agreed to."""
+
+    protocol_version: int
+    model_fingerprint: str
+    tokenizer_fingerprint: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _set(self, "protocol_version", _index(self.protocol_version, "protocol_version"))
+
+
+@dataclass(frozen=True)
+class Error:
+    """Either side: a fatal protocol error (code is signed, zigzag-coded)."""
+
+    code: int
+    message: str
+
+    def __post_init__(self) -> None:
+        _set(self, "code", _index(self.code, "error code"))
+
+
+@dataclass(frozen=True)
+class Close:
+    reason: str
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    """Edge → cloud: start one generation (max_new_tokens, temperature, top_k, top_p, seed, …)."""
+
+    request_id: int
+    prompt: str
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _set(self, "request_id", _index(self.request_id, "request_id"))
+
+
+# ----------------------------------------------------------------------------- uplink
+@dataclass(frozen=True)
+class Draft:
+    """Edge → cloud: one round of drafted tokens.
+
+    committed: ids the edge finalised since its last message (e.g. its own resample).
+    tokens: drafted ids. probs: the count p_i(x_i) of each token to verify (empty: none sent).
+    positions: indices into `tokens` that need verification (U-HLM: uncertain ones only);
+    None = all of them. `probs` has one entry per verified token.
+    """
+
+    round: int
+    committed: tuple[int, ...] = ()
+    tokens: tuple[int, ...] = ()
+    probs: tuple[int, ...] = ()
+    positions: tuple[int, ...] | None = None
+
+    def __post_init__(self) -> None:
+        _set(self, "round", _index(self.round, "round"))
+        _set(self, "committed", _ints(self.committed, "committed"))
+        _set(self, "tokens", _ints(self.tokens, "tokens"))
+        _set(self, "probs", _ints(self.probs, "probs"))
+        if self.positions is not None:
+            _set(self, "positions", _ints(self.positions, "positions"))
+
+
+@dataclass(frozen=True)
+class DraftWithDists:
+    """Edge → cloud (UL): a Draft plus the full draft distributions p_i at `dist_positions`.
+
+    dist_positions: strictly increasing indices into `tokens`; dists[k] is p at dist_positions[k],
+    a complete distribution over `width` ids (the target's index space).
+    """
+
+    round: int
+    committed: tuple[int, ...] = ()
+    tokens: tuple[int, ...] = ()
+    probs: tuple[int, ...] = ()
+    width: int = 0
+    dist_positions: tuple[int, ...] = ()
+    dists: tuple[Dist, ...] = ()
+
+    def __post_init__(self) -> None:
+        _set(self, "round", _index(self.round, "round"))
+        _set(self, "committed", _ints(self.committed, "committed"))
+        _set(self, "tokens", _ints(self.tokens, "tokens"))
+        _set(self, "probs", _ints(self.probs, "probs"))
+        _set(self, "width", _index(self.width, "width"))
+        _set(self, "dist_positions", _ints(self.dist_positions, "dist_positions"))
+        _set(self, "dists", tuple(self.dists))
+
+
+@dataclass(frozen=True, eq=False)
+class HiddenStates:
+    """Edge → cloud (split inference): activations after the edge's layers, float16, any shape."""
+
+    round: int
+    data: np.ndarray
+
+    def __post_init__(self) -> None:
+        _set(self, "round", _index(self.round, "round"))
+        arr = np.asarray(self.data)
+        if arr.dtype.kind != "f":
+            raise WireError(f"hidden states must be floating point, got {arr.dtype}")
+        _set(self, "data", _readonly(arr.astype(np.float16, copy=True)))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, HiddenStates):
+            return NotImplemented
+        return (
+            self.round == other.round
+            and self.shape == other.shape
+            and self.data.tobytes() == other.data.tobytes()
+        )
+
+    def __hash__(self) -> int:
+        return hash((self.round, self.shape, self.data.tobytes()))
+
+
+# ----------------------------------------------------------------------------- downlink
+@dataclass(frozen=True)
+class VerifyResult:
+    """Cloud → edge: the verification outcome of one round; absent fields cost no bytes.
+
+    accepted: number of leading draft tokens accepted.
+    token: a token the cloud chose (bonus after full acceptance, replacement, GR's argmax).
+    dist: q at the first rejected position (Naive: complete; HR: restricted to C; TR/top-mass:
+      truncated) or q_{γ+1}. Unless `truncated`, dist.total + (theta_o or 0) == 65535.
+    theta_o: HR's count of q's mass on the LLM-only region O.
+    o_token: HR's pre-drawn sample of q restricted to O (its piece must be in `pieces`).
+    candidates: SR-DV's K (id, count q(id)) samples of q, in draw order.
+    pieces: (id, vocabulary piece) for LLM-only ids named above, ids strictly increasing.
+    truncated: dist is a lossy truncation (TR, top-mass). finished: generation is over.
+    """
+
+    round: int
+    accepted: int
+    token: int | None = None
+    dist: Dist | None = None
+    theta_o: int | None = None
+    o_token: int | None = None
+    candidates: tuple[tuple[int, int], ...] | None = None
+    pieces: tuple[tuple[int, str], ...] = ()
+    truncated: bool = False
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        _set(self, "round", _index(self.round, "round"))
+        _set(self, "accepted", _index(self.accepted, "accepted"))
+        _set(self, "token", _opt_index(self.token, "token"))
+        _set(self, "theta_o", _opt_index(self.theta_o, "theta_o"))
+        _set(self, "o_token", _opt_index(self.o_token, "o_token"))
+        if self.candidates is not None:
+            _set(self, "candidates", _pairs(self.candidates, "candidates"))
+        _set(self, "pieces", _pieces(self.pieces))
+        _set(self, "truncated", bool(self.truncated))
+        _set(self, "finished", bool(self.finished))
+
+
+@dataclass(frozen=True)
+class CandidatesRequest:
+    """Edge → cloud (SR-DV): all K candidates were rejected, send k more for this round."""
+
+    round: int
+    k: int
+
+    def __post_init__(self) -> None:
+        _set(self, "round", _index(self.round, "round"))
+        _set(self, "k", _index(self.k, "k"))
+
+
+@dataclass(frozen=True)
+class Candidates:
+    """Cloud → edge (SR-DV): more (id, count) samples of q for this round, pieces for O ids."""
+
+    round: int
+    candidates: tuple[tuple[int, int], ...]
+    pieces: tuple[tuple[int, str], ...] = ()
+
+    def __post_init__(self) -> None:
+        _set(self, "round", _index(self.round, "round"))
+        _set(self, "candidates", _pairs(self.candidates, "candidates"))
+        _set(self, "pieces", _pieces(self.pieces))
+
+
+class ResampleKind(enum.IntEnum):
+    """What a ResampleRequest asks for."""
+
+    O_SAMPLE = 0  # HR, region O chosen: a sample of q restricted to O (answered by OToken)
+    HR_DIST = 1  # SR-DV fallback: q restricted to C and theta_o (answered by VerifyResult)
+
+
+@dataclass(frozen=True)
+class ResampleRequest:
+    round: int
+    kind: ResampleKind
+
+    def __post_init__(self) -> None:
+        _set(self, "round", _index(self.round, "round"))
+        try:
+            _set(self, "kind", ResampleKind(self.kind))
+        except ValueError as exc:
+            raise WireError(f"unknown resample kind {self.kind!r}") from exc
+
+
+@dataclass(frozen=True)
+class OToken:
+    """Cloud → edge: an LLM-only token, by id (for output) and piece (for re-tokenising)."""
+
+    round: int
+    token: int
+    piece: str
+
+    def __post_init__(self) -> None:
+        _set(self, "round", _index(self.round, "round"))
+        _set(self, "token", _index(self.token, "token"))
+
+
+@dataclass(frozen=True)
+class Tokens:
+    """Cloud → edge (cloud-only autoregressive): generated ids streamed down."""
+
+    ids: tuple[int, ...]
+    finished: bool = False
+
+    def __post_init__(self) -> None:
+        _set(self, "ids", _ints(self.ids, "ids"))
+        _set(self, "finished", bool(self.finished))
+
+
+Message = (
+    Hello
+    | HelloAck
+    | Error
+    | Close
+    | StartRequest
+    | Draft
+    | DraftWithDists
+    | HiddenStates
+    | VerifyResult
+    | CandidatesRequest
+    | Candidates
+    | ResampleRequest
+    | OToken
+    | Tokens
+)
