@@ -301,15 +301,16 @@ def test_sparse_dist_is_picked_when_smaller() -> None:
 
 @pytest.mark.parametrize("nnz", [1, 5, 6, 7, 8, 9, 10])
 def test_dense_and_sparse_both_round_trip_around_the_crossover(nnz: int) -> None:
-    width = 10
-    counts = np.zeros(width, dtype=np.int64)
+    # width 10, ids 0..nnz-1: sparse body = 1 + nnz (gaps 0) + 2 nnz, dense body = 1 + 20
+    counts = np.zeros(10, dtype=np.int64)
     counts[:nnz] = 1
     counts[0] += PROB_SCALE - nnz
     dist = Dist.from_dense(counts)
     data = encode(VerifyResult(0, 0, dist=dist))
     assert decode(data).dist == dist
-    expected = 8 * (min(sparse_size(dist), dense_size(dist)))
-    assert bits(VerifyResult(0, 0, dist=dist)) - expected == 8 * (header_size(len(data) - 3) + 4)
+    is_sparse = 1 + 3 * nnz < 21
+    assert (data[7] != 0) == is_sparse  # the body's tag byte: 0 = dense, n + 1 = sparse
+    assert len(data) == 3 + 4 + (1 + 3 * nnz if is_sparse else 21)
 
 
 def test_candidates_cost_formula() -> None:
