@@ -437,9 +437,22 @@ def test_invalid_utf8_bytes_are_spelled_with_byte_tokens(align: VocabAlignment) 
     retok = DraftRetokenizer(align)
     ids = retok.push_bytes(b"a\xff\xfe b")
     assert align.draft.bytes_of(ids) == b"a\xff\xfe b"
+
+
+def test_draft_without_byte_coverage_gets_unk_or_strict_error(target_tok: Tokenizer) -> None:
     no_bytes = metaspace_tokenizer(byte_fallback=False)
     with pytest.raises(ValueError, match="cannot spell byte 0xff"):
         TokenTable(no_bytes).encode_raw_bytes(b"\xff")
+    with pytest.warns(UserWarning):
+        al = VocabAlignment.build(no_bytes, target_tok)
+    unk = no_bytes.token_to_id("<unk>")
+    retok = DraftRetokenizer(al)
+    ids = [d for t in target_tok.encode("ab😀😀 ba").ids for d in retok.push(t)]
+    a, b, space = (no_bytes.token_to_id(p) for p in "ab▁")
+    assert ids == [a, b, unk, unk, space, b, a]  # one unk per emoji: each completes in one push
+    assert retok.lost_bytes == 8 and retok.flush() == []
+    with pytest.raises(ValueError, match="cannot spell byte 0xf0"):
+        al.retokenize_for_draft("a😀", strict=True)
 
 
 @pytest.mark.parametrize(

@@ -223,6 +223,7 @@ class TokenTable:
             self.token_bytes[idx] = token.content.encode("utf-8")
             self.kinds[idx] = Kind.SPECIAL if token.special else Kind.ADDED
         self.piece_to_id = {p: i for i, p in enumerate(self.pieces) if p is not None}
+        self.unk_id: int | None = self.piece_to_id.get(getattr(backend.model, "unk_token", None))
         self.kinds.setflags(write=False)
 
     @cached_property
@@ -255,7 +256,7 @@ class TokenTable:
             out += data
         return bytes(out)
 
-    def encode_text(self, text: str) -> list[int]:
+    def encode_text(self, text: str, *, strict: bool = True) -> list[int]:
         """Ids whose bytes are exactly `text`: the continuation encoder when it round-trips (it
         may not, e.g. under NFC normalisation or <unk>), else greedy longest byte match."""
         ids = self.encoder.encode(text, add_special_tokens=False).ids
@@ -265,14 +266,14 @@ class TokenTable:
                 return ids
         except ValueError:
             pass
-        return self.encode_raw_bytes(data)
+        return self.encode_raw_bytes(data, strict=strict)
 
-    def encode_bytes(self, data: bytes) -> list[int]:
+    def encode_bytes(self, data: bytes, *, strict: bool = True) -> list[int]:
         """Ids for arbitrary bytes: text when they are valid UTF-8, byte tokens otherwise."""
         try:
-            return self.encode_text(data.decode("utf-8"))
+            return self.encode_text(data.decode("utf-8"), strict=strict)
         except UnicodeDecodeError:
-            return self.encode_raw_bytes(data)
+            return self.encode_raw_bytes(data, strict=strict)
 
     @cached_property
     def _ordinary_by_bytes(self) -> tuple[dict[bytes, int], int]:
@@ -286,20 +287,29 @@ class TokenTable:
                 table[data] = int(idx)
         return table, max(map(len, table), default=0)
 
-    def encode_raw_bytes(self, data: bytes) -> list[int]:
-        """Greedy longest-match segmentation over ordinary tokens (always works for byte-level
-        and byte-fallback vocabularies)."""
+    def _longest_match(self, data: bytes, pos: int) -> tuple[int | None, int]:
         table, longest = self._ordinary_by_bytes
-        ids, pos = [], 0
+        for size in range(min(longest, len(data) - pos), 0, -1):
+            idx = table.get(data[pos : pos + size])
+            if idx is not None:
+                return idx, size
+        return None, 1
+
+    def encode_raw_bytes(self, data: bytes, *, strict: bool = True) -> list[int]:
+        """Greedy longest-match segmentation over ordinary tokens (always complete for byte-level
+        and byte-fallback vocabularies). A byte no token spells raises when `strict`; otherwise
+        each run of such bytes becomes one unk token (or is dropped when there is none)."""
+        ids: list[int] = []
+        pos, in_gap = 0, False
         while pos < len(data):
-            for size in range(min(longest, len(data) - pos), 0, -1):
-                idx = table.get(data[pos : pos + size])
-                if idx is not None:
-                    ids.append(idx)
-                    pos += size
-                    break
-            else:
-                raise ValueError(f"the draft vocabulary cannot spell byte {data[pos]:#04x}")
+            idx, size = self._longest_match(data, pos)
+            if idx is None and strict:
+                raise ValueError(f"the vocabulary cannot spell byte {data[pos]:#04x}")
+            if idx is None and not in_gap and self.unk_id is not None:
+                ids.append(self.unk_id)
+            if idx is not None:
+                ids.append(idx)
+            pos, in_gap = pos + size, idx is None
         return ids
 
 
@@ -586,12 +596,15 @@ class VocabAlignment:
     def draft_piece(self, token_id: int) -> str:
         return self.draft.pieces[self.draft.check_id(token_id)]  # type: ignore[return-value]
 
-    def retokenize_for_draft(self, target: str | Sequence[int]) -> list[int]:
+    def retokenize_for_draft(
+        self, target: str | Sequence[int], *, strict: bool = False
+    ) -> list[int]:
         """Draft ids spelling exactly the same bytes as `target` (text, or finalised target ids;
-        an incomplete UTF-8 tail is spelled with byte tokens)."""
+        an incomplete UTF-8 tail is spelled with byte tokens). Bytes the draft vocabulary cannot
+        spell at all raise when `strict`, else become its unk token (see DraftRetokenizer)."""
         if isinstance(target, str):
-            return self.draft.encode_text(target)
-        retokenizer = DraftRetokenizer(self)
+            return self.draft.encode_text(target, strict=strict)
+        retokenizer = DraftRetokenizer(self, strict=strict)
         ids = [d for t in target for d in retokenizer.push(t)]
         return ids + retokenizer.flush()
 
@@ -622,10 +635,16 @@ class DraftRetokenizer:
     leading spaces kept), so draft segmentation may differ from a fresh tokenisation of the whole
     text; the bytes never do, which is all exactness needs (it concerns target tokens only). A
     trailing incomplete UTF-8 sequence waits in `pending` until completed or `flush()`ed.
+
+    A draft vocabulary without byte coverage (no byte-level alphabet, no byte fallback) cannot
+    spell everything: unless `strict`, such bytes become its unk token (or are dropped) and are
+    counted in `lost_bytes`; the draft then only predicts worse, exactness is untouched.
     """
 
-    def __init__(self, alignment: VocabAlignment) -> None:
+    def __init__(self, alignment: VocabAlignment, *, strict: bool = False) -> None:
         self.alignment = alignment
+        self.strict = strict
+        self.lost_bytes = 0
         self._pending = bytearray()
 
     @property
@@ -651,9 +670,15 @@ class DraftRetokenizer:
         cut = incomplete_utf8_tail(bytes(self._pending))
         ready = bytes(self._pending[:cut])
         del self._pending[:cut]
-        return self.alignment.draft.encode_bytes(ready) if ready else []
+        return self._spelled(ready, self.alignment.draft.encode_bytes) if ready else []
 
     def flush(self) -> list[int]:
         """Spell any pending incomplete UTF-8 bytes with draft byte tokens now."""
         ready, self._pending = bytes(self._pending), bytearray()
-        return self.alignment.draft.encode_raw_bytes(ready) if ready else []
+        return self._spelled(ready, self.alignment.draft.encode_raw_bytes) if ready else []
+
+    def _spelled(self, data: bytes, encode: Any) -> list[int]:
+        ids = encode(data, strict=self.strict)
+        draft = self.alignment.draft
+        self.lost_bytes += len(data) - len(draft.bytes_of(i for i in ids if i != draft.unk_id))
+        return ids
