@@ -1,0 +1,162 @@
+"""The Python API: load a model pair once, then generate with any method over a simulated WAN."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from wanspec.protocols.registry import build_machines, get_method
+from wanspec.protocols.settings import GenerationSettings
+from wanspec.sim import Link, Profile, SimResult, simulate
+from wanspec.vocab import VocabAlignment
+
+
+@dataclass
+class Pair:
+    """A target and a draft model with their tokenizers and vocabulary alignment, loaded once."""
+
+    target: Any
+    draft: Any
+    alignment: VocabAlignment
+    target_name: str = ""
+    draft_name: str = ""
+
+    @property
+    def shared_vocab(self) -> bool:
+        return self.alignment.is_identity
+
+    def target_encode(self, text: str) -> list[int]:
+        return list(self.target.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def draft_encode(self, text: str) -> list[int]:
+        return list(self.draft.tokenizer(text, add_special_tokens=True)["input_ids"])
+
+    def decode(self, ids: list[int]) -> str:
+        return self.target.tokenizer.decode(ids, skip_special_tokens=True)
+
+
+def _load_lm(name_or_model: Any, dtype: torch.dtype, threads: int | None) -> tuple[Any, str]:
+    if hasattr(name_or_model, "extend"):
+        return name_or_model, getattr(name_or_model, "name", "model")
+    from wanspec.models.lm import load_model
+    from wanspec.models.registry import resolve_model
+
+    folder = resolve_model(str(name_or_model))
+    return load_model(folder, dtype=dtype, threads=threads), str(name_or_model)
+
+
+def load_pair(
+    target: str | Path | Any,
+    draft: str | Path | Any,
+    *,
+    dtype: torch.dtype = torch.float32,
+    threads: int | None = None,
+) -> Pair:
+    """Load (pulling registry models on first use) and align a target/draft pair.
+
+    `target` and `draft` are registry names (`wanspec models list`), local Hugging Face folders,
+    or already loaded `LanguageModel`s.
+    """
+    target_lm, target_name = _load_lm(target, dtype, threads)
+    draft_lm, draft_name = _load_lm(draft, dtype, threads)
+    if draft_lm.tokenizer is None or target_lm.tokenizer is None:
+        raise ValueError("both models need a tokenizer")
+    alignment = VocabAlignment.build(
+        draft_lm.tokenizer,
+        target_lm.tokenizer,
+        draft_width=draft_lm.vocab_size,
+        target_width=target_lm.vocab_size,
+    )
+    return Pair(target_lm, draft_lm, alignment, target_name, draft_name)
+
+
+@dataclass
+class GenerationResult:
+    text: str
+    token_ids: list[int]
+    stats: dict[str, Any] = field(default_factory=dict)
+    sim: SimResult | None = None
+
+
+def _stats(method: str, sim: SimResult, edge: Any, cloud: Any) -> dict[str, Any]:
+    n = len(sim.tokens)
+    per_round = list(getattr(edge, "accepted_per_round", []))
+    rounds = len(per_round)
+    up, down = sim.bits["up"], sim.bits["down"]
+    gaps = sim.inter_token_s
+    stats: dict[str, Any] = {
+        "method": method,
+        "new_tokens": n,
+        "finish_reason": sim.finish_reason,
+        "time_s": sim.duration_s,
+        "tokens_per_s": sim.tokens_per_s,
+        "ttft_s": sim.ttft_s,
+        "per_token_latency_s": (sim.duration_s / n) if n else None,
+        "mean_inter_token_s": (sum(gaps) / len(gaps)) if gaps else None,
+        "rounds": rounds,
+        "accepted_per_round": per_round,
+        "mean_accepted": (sum(per_round) / rounds) if rounds else None,
+        "uplink_bits": up,
+        "downlink_bits": down,
+        "uplink_bits_per_token": up / n if n else None,
+        "downlink_bits_per_token": down / n if n else None,
+        "uplink_messages": sim.messages["up"],
+        "downlink_messages": sim.messages["down"],
+        "bits_by_type": dict(sim.bits_by_type),
+        "compute_busy_s": dict(sim.compute_busy_s),
+        "retransmissions": dict(sim.retransmissions),
+    }
+    gamma = getattr(getattr(edge, "settings", None), "gamma", None)
+    if rounds and gamma:
+        drafted = rounds * gamma
+        stats["acceptance_rate"] = sum(per_round) / drafted
+    counters = {**getattr(cloud, "counters", {}), **getattr(edge, "counters", {})}
+    stats.update(counters)
+    return stats
+
+
+def generate(
+    pair: Pair,
+    prompt: str,
+    method: str = "xcosd-e",
+    *,
+    link: Link | None = None,
+    profile: str | Profile | None = None,
+    edge_profile: str | Profile | None = None,
+    cloud_profile: str | Profile | None = None,
+    trace: bool = False,
+    **settings: Any,
+) -> GenerationResult:
+    """Generate with `method` on the discrete-event simulator (virtual time, real models).
+
+    Settings: max_new_tokens, temperature, top_k, top_p, seed, gamma, stop, and the method
+    options of `GenerationSettings` (srdv_k, srdv_m, hr_piggyback, tr_k, uhlm_*). Profiles
+    price each computation (default "measured": this machine's wall time); `profile` sets both
+    sides, `edge_profile` / `cloud_profile` each one. The default link is 100 Mbps, 50 ms RTT.
+    """
+    info = get_method(method)
+    gen = GenerationSettings(**settings)
+    edge, cloud = build_machines(
+        info.name,
+        draft_lm=pair.draft,
+        target_lm=pair.target,
+        alignment=pair.alignment,
+        draft_encode=pair.draft_encode,
+        target_encode=pair.target_encode,
+        target_decode=pair.decode,
+        prompt=prompt,
+        settings=gen,
+    )
+    sim = simulate(
+        edge,
+        cloud,
+        link if link is not None else Link(bandwidth_bps=100e6, rtt_s=0.05),
+        edge_profile or profile or "measured",
+        cloud_profile or profile or "measured",
+        trace=trace,
+    )
+    tokens = sim.tokens
+    return GenerationResult(pair.decode(tokens), tokens, _stats(info.name, sim, edge, cloud), sim)
