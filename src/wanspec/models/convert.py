@@ -74,7 +74,11 @@ def _require_accelerate() -> None:
 
 
 def convert_gguf(
-    gguf: Path, out_dir: Path, dtype: str = "float32", tokenizer_from: Path | None = None
+    gguf: Path,
+    out_dir: Path,
+    dtype: str = "float32",
+    tokenizer_from: Path | None = None,
+    progress: bool = True,
 ) -> dict[str, Any]:
     """Dequantize ``gguf`` into a safetensors model + tokenizer saved in ``out_dir``.
 
@@ -84,13 +88,28 @@ def convert_gguf(
     """
     _require_accelerate()
     torch_dtype = _torch_dtype(dtype)
-    from transformers import AutoModelForCausalLM, AutoTokenizer, GgufConfig
+    from transformers import AutoTokenizer
 
     if tokenizer_from is None:
         tokenizer = convert_gguf_tokenizer(gguf, out_dir)
     else:
         tokenizer = AutoTokenizer.from_pretrained(str(tokenizer_from), local_files_only=True)
         tokenizer.save_pretrained(str(out_dir))
+    with _transformers_bars(progress):
+        model = _load_dequantized(gguf, torch_dtype)
+        model.save_pretrained(str(out_dir))
+    return {
+        "architecture": type(model).__name__,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "embedding_rows": int(model.get_input_embeddings().weight.shape[0]),
+        "tokenizer_size": len(tokenizer),
+    }
+
+
+def _load_dequantized(gguf: Path, torch_dtype: torch.dtype) -> Any:
+    """The GGUF model as a plain dense transformers model (no GGUF quantizer left attached)."""
+    from transformers import AutoModelForCausalLM, GgufConfig
+
     try:
         model = AutoModelForCausalLM.from_pretrained(
             str(gguf.parent),
@@ -103,13 +122,22 @@ def convert_gguf(
         raise ConversionError(f"transformers could not load {gguf.name}: {exc}") from exc
     if getattr(model, "hf_quantizer", None) is not None:
         raise ConversionError(f"{gguf.name} was not fully dequantized; cannot save it")
-    model.save_pretrained(str(out_dir))
-    return {
-        "architecture": type(model).__name__,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "embedding_rows": int(model.get_input_embeddings().weight.shape[0]),
-        "tokenizer_size": len(tokenizer),
-    }
+    return model
+
+
+@contextmanager
+def _transformers_bars(enabled: bool) -> Iterator[None]:
+    """Silence transformers' own progress bars for a quiet pull, then restore them."""
+    from transformers.utils import logging as hf_logging
+
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    if not enabled:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if was_enabled and not enabled:
+            hf_logging.enable_progress_bar()
 
 
 def convert_gguf_tokenizer(gguf: Path, out_dir: Path) -> Any:

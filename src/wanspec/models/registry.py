@@ -190,7 +190,7 @@ def pull(
     check_disk(final.parent, needed, name)
 
     def build(tmp: Path) -> None:
-        facts = convert_gguf(gguf, tmp, spec.dtype, tokenizer_from)
+        facts = convert_gguf(gguf, tmp, spec.dtype, tokenizer_from, progress)
         manifest = _manifest(spec, gguf, facts, fetched - start, time.perf_counter() - fetched)
         atomic_write_text(tmp / MANIFEST, json.dumps(manifest, indent=2) + "\n")
 
@@ -218,9 +218,7 @@ def _manifest(
     }
 
 
-def tokenizer_dir(
-    family: str, progress: bool = True, downloader: Downloader | None = None
-) -> Path:
+def tokenizer_dir(family: str, progress: bool = True, downloader: Downloader | None = None) -> Path:
     """Cached tokenizer folder of a family (``qwen2.5``, ``smollm2``), built on first use."""
     if family not in TOKENIZER_FAMILIES:
         raise ModelError(
