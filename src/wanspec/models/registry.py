@@ -84,7 +84,7 @@ MODELS: dict[str, ModelSpec] = {
             "smollm2-135m",
             ARTIFACTS["smollm2-135m"],
             "smollm2",
-            "SmolLM2-135M-Instruct (Llama arch), GGUF Q4_1, vocab 49,152: the edge draft",
+            "SmolLM2-135M-Instruct (Llama arch), GGUF Q4_1, vocab 49,152",
         ),
         ModelSpec(
             "qwen2.5-coder-0.5b",
