@@ -9,13 +9,21 @@ on the real registry models.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 
-from wanspec.models.lm import HFLanguageModel, LanguageModel, load_model, tree_bias
+from wanspec.models.lm import (
+    HFLanguageModel,
+    LanguageModel,
+    _SwappedLinear,
+    load_model,
+    tree_bias,
+)
 from wanspec.models.profile import (
     bench_command,
     format_table,
@@ -222,9 +230,23 @@ def greedy(lm: LanguageModel, prompt: list[int], new_tokens: int) -> list[int]:
     return out
 
 
+@contextmanager
+def stock_linear(model: torch.nn.Module) -> Iterator[int]:
+    """Temporarily put back transformers' own nn.Linear layers (undoing `fast_linear`)."""
+    swapped = [m for m in model.modules() if isinstance(m, _SwappedLinear)]
+    for module in swapped:
+        module.__class__ = torch.nn.Linear
+    try:
+        yield len(swapped)
+    finally:
+        for module in swapped:
+            module.__class__ = _SwappedLinear
+
+
 def hf_greedy(lm: HFLanguageModel, prompt: list[int], new_tokens: int) -> list[int]:
+    """Stock transformers greedy decoding (its own cache, masks and linear layers)."""
     ids = torch.tensor([prompt])
-    with torch.inference_mode():
+    with torch.inference_mode(), stock_linear(lm.model):
         out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
                                 max_new_tokens=new_tokens, min_new_tokens=0,
                                 pad_token_id=lm.eos_token_ids[0])
@@ -239,6 +261,20 @@ def test_greedy_equals_generate_tiny(lms: dict, family: str) -> None:
         mine = greedy(lm, prompt, 30)
         assert mine == hf_greedy(lm, prompt, 30)
         assert len(set(mine)) > 3, "tiny model output should not be one repeated token"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_swapped_linear_matches_stock_layers(lms: dict, family: str) -> None:
+    lm, rng = lms[family], np.random.default_rng(30)
+    ids = random_ids(rng, lm, 12)
+    fast = torch.cat([lm.prefill(ids[:9]), lm.extend(ids[9:10]), lm.extend(ids[10:])])
+    with stock_linear(lm.model) as swapped:
+        assert swapped >= 7 * lm.config.num_hidden_layers
+        stock = fresh(lm, ids)
+    assert max_diff(fast, stock) <= TOL
+    plain = load_model(lm.model.name_or_path, fast_linear=False)
+    assert not any(isinstance(m, _SwappedLinear) for m in plain.model.modules())
+    assert max_diff(plain.prefill(ids), stock) <= TOL
 
 
 # -- input checking ---------------------------------------------------------------------------
@@ -343,6 +379,7 @@ def test_measure_profile_round_trip(lms: dict, tmp_path: Path) -> None:
     assert set(prof["forward_ms"]) == {"1", "4"} and set(prof["tree_ms"]) == {"3", "8"}
     assert all(len(v) == 2 and min(v) > 0 for v in prof["forward_ms"].values())
     assert prof["model"] == "llama" and prof["threads"] == torch.get_num_threads()
+    assert prof["fast_linear"] is True
     assert lm.length == 0
     path = save_profile(prof, tmp_path / "sub" / "p.json")
     assert load_profile(path) == prof

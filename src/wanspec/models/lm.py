@@ -315,6 +315,38 @@ class HFLanguageModel(LanguageModel):
         return out.logits[0].float()
 
 
+class _SwappedLinear(torch.nn.Linear):
+    """nn.Linear computing x Wᵀ as (W xᵀ)ᵀ, with one row padded to two.
+
+    On CPU (MKL, fp32) the skinny `x @ Wᵀ` gemm that F.linear uses is 2-6x slower for a few rows
+    than `W @ xᵀ`, and the one-row gemv runs on one thread; for a 0.5B model this halves the
+    cost of verifying 2-4 tokens and cuts single-token decoding by ~20%. Same math, only the
+    summation order differs (~1e-6 relative).
+    """
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        rows = flat.shape[0]
+        if rows == 1:
+            flat = flat.repeat(2, 1)
+        out = torch.mm(self.weight, flat.T)[:, :rows].T
+        if self.bias is not None:
+            out = out + self.bias
+        return out.reshape(*x.shape[:-1], self.weight.shape[0])
+
+
+def use_swapped_linear(model: torch.nn.Module) -> int:
+    """Switch every fp32 CPU nn.Linear of `model` to `_SwappedLinear`; returns how many."""
+    count = 0
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if (type(module) is torch.nn.Linear and weight.dtype == torch.float32
+                and weight.device.type == "cpu"):
+            module.__class__ = _SwappedLinear
+            count += 1
+    return count
+
+
 def _eos_token_ids(model: PreTrainedModel, tokenizer: Any) -> tuple[int, ...]:
     """Stop tokens as `generate` would use them: generation config, else config, else tokenizer."""
     generation = getattr(model, "generation_config", None)
@@ -332,10 +364,12 @@ def load_model(
     dtype: torch.dtype = torch.float32,
     threads: int | None = None,
     attn_implementation: str = "sdpa",
+    fast_linear: bool = True,
 ) -> HFLanguageModel:
     """Load a local Hugging Face folder (model + tokenizer) as a `LanguageModel`.
 
     `threads` sets torch's process-wide intra-op thread count (default `default_threads()`).
+    `fast_linear` swaps fp32 CPU linear layers to `_SwappedLinear` (faster, see there).
     """
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
@@ -351,4 +385,6 @@ def load_model(
         folder, dtype=dtype, attn_implementation=attn_implementation, local_files_only=True,
     )
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+    if fast_linear:
+        use_swapped_linear(model)
     return HFLanguageModel(model, tokenizer, name=folder.name)

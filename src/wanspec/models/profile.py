@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from wanspec.models.lm import LanguageModel
+from wanspec.models.lm import LanguageModel, _SwappedLinear
 
 DEFAULT_NS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_TREES = (8, 16, 32, 64)
@@ -102,6 +102,8 @@ def _metadata(lm: LanguageModel, context: int, repeats: int) -> dict[str, Any]:
 
     threads = torch.get_num_threads()
     dtype = str(getattr(lm, "dtype", "unknown")).removeprefix("torch.")
+    model = getattr(lm, "model", None)
+    swapped = model is not None and any(isinstance(m, _SwappedLinear) for m in model.modules())
     return {
         "name": f"{lm.name}-cpu{threads}t",
         "source": f"wanspec bench on {cpu_name()}, {threads} threads, {dtype}, "
@@ -115,6 +117,7 @@ def _metadata(lm: LanguageModel, context: int, repeats: int) -> dict[str, Any]:
         "transformers": transformers.__version__,
         "context": context,
         "repeats": repeats,
+        "fast_linear": swapped,
     }
 
 
@@ -166,12 +169,14 @@ def bench_command(
     threads: int | None = None,
     dtype: torch.dtype = torch.float32,
     repeats: int = 5,
+    fast_linear: bool = True,
 ) -> dict[str, Any]:
     """Measure a registry model (or local folder), print the table and write the JSON profile."""
     from wanspec.models.lm import load_model
     from wanspec.models.registry import resolve_model
 
-    lm = load_model(resolve_model(name_or_path), dtype=dtype, threads=threads)
+    lm = load_model(resolve_model(name_or_path), dtype=dtype, threads=threads,
+                    fast_linear=fast_linear)
     profile = measure_profile(lm, repeats=repeats)
     path = save_profile(profile, out if out is not None else default_profile_path(profile))
     print(format_table(profile))
