@@ -129,7 +129,9 @@ def make_tiny_model(
 ) -> Path:
     """Write a tiny random `family` model plus its tokenizer to `path` and return the folder.
 
-    `vocab_size` is the tokenizer's target size (the model's embedding has one row per token).
+    `vocab_size` is the tokenizer's target size: at least the alphabet (104 for "metaspace",
+    257 for "bytelevel"), at most what the built-in corpus supports (~516 byte-level). The
+    model's embedding has exactly one row per token of the trained tokenizer.
     """
     if family not in FAMILIES:
         raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
