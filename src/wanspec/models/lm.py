@@ -200,6 +200,32 @@ class HFLanguageModel(LanguageModel):
         return logits
 
     @torch.inference_mode()
+    def embed(self, ids: Sequence[int]) -> torch.Tensor:
+        """Input embeddings [n, hidden] of `ids`: what the first split point of split inference
+        sends (the activations entering layer 0)."""
+        ids = self._check_tokens(ids, "ids")
+        return self.model.get_input_embeddings()(torch.tensor([ids]))[0].float()
+
+    @torch.inference_mode()
+    def extend_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
+        """`extend` from activations instead of ids (split inference's cloud half)."""
+        if len(self._tree):
+            raise RuntimeError("tree nodes are pending: keep or drop them first")
+        hidden = self.config.hidden_size
+        if embeddings.ndim != 2 or embeddings.shape[1] != hidden:
+            raise ValueError(f"embeddings must be [n, {hidden}], got {tuple(embeddings.shape)}")
+        n = embeddings.shape[0]
+        positions = list(range(self._length, self._length + n))
+        out = self.model(
+            inputs_embeds=embeddings.to(self.dtype)[None],
+            position_ids=torch.tensor([positions]),
+            use_cache=True,
+            **{self._cache_kwarg: self._cache},
+        )
+        self._length += n
+        return out.logits[0].float()
+
+    @torch.inference_mode()
     def truncate(self, length: int) -> None:
         if not isinstance(length, int) or not 0 <= length <= self._length:
             raise ValueError(f"truncate length must be an int in [0, {self._length}]: {length!r}")
@@ -219,7 +245,7 @@ class HFLanguageModel(LanguageModel):
             return torch.empty((0, self.vocab_size), dtype=torch.float32)
         grown = self._grow_tree(tokens, parents)
         mask = self._tree_mask(grown, len(tokens))
-        logits = self._forward(tokens, grown.positions[-len(tokens):], mask)
+        logits = self._forward(tokens, grown.positions[-len(tokens) :], mask)
         self._tree = grown
         return logits
 
@@ -269,8 +295,9 @@ class HFLanguageModel(LanguageModel):
         total = len(old) + len(tokens)
         ancestors = np.zeros((total, total), dtype=bool)
         ancestors[: len(old), : len(old)] = old.ancestors
-        grown = _PendingTree(list(old.tokens), list(old.parents), list(old.attach),
-                             list(old.positions), ancestors)
+        grown = _PendingTree(
+            list(old.tokens), list(old.parents), list(old.attach), list(old.positions), ancestors
+        )
         for offset, (token, parent) in enumerate(zip(tokens, parents, strict=True)):
             node = len(old) + offset
             if parent >= node or parent < -(self._length + 1):
@@ -297,14 +324,19 @@ class HFLanguageModel(LanguageModel):
         positions = np.asarray(tree.positions)
         keys = np.concatenate([np.arange(self._length), positions])
         masks = {
-            kind: tree_bias(self._length, attach, keys, positions[-n:], tree.ancestors[-n:],
-                            window, self.dtype)
+            kind: tree_bias(
+                self._length, attach, keys, positions[-n:], tree.ancestors[-n:], window, self.dtype
+            )
             for kind, window in self._windows.items()
         }
         return masks if len(masks) > 1 else next(iter(masks.values()))
 
-    def _forward(self, ids: list[int], positions: list[int],
-                 mask: torch.Tensor | dict[str, torch.Tensor] | None) -> torch.Tensor:
+    def _forward(
+        self,
+        ids: list[int],
+        positions: list[int],
+        mask: torch.Tensor | dict[str, torch.Tensor] | None,
+    ) -> torch.Tensor:
         out = self.model(
             input_ids=torch.tensor([ids]),
             position_ids=torch.tensor([positions]),
@@ -340,8 +372,11 @@ def use_swapped_linear(model: torch.nn.Module) -> int:
     count = 0
     for module in model.modules():
         weight = getattr(module, "weight", None)
-        if (type(module) is torch.nn.Linear and weight.dtype == torch.float32
-                and weight.device.type == "cpu"):
+        if (
+            type(module) is torch.nn.Linear
+            and weight.dtype == torch.float32
+            and weight.device.type == "cpu"
+        ):
             module.__class__ = _SwappedLinear
             count += 1
     return count
@@ -350,9 +385,11 @@ def use_swapped_linear(model: torch.nn.Module) -> int:
 def _eos_token_ids(model: PreTrainedModel, tokenizer: Any) -> tuple[int, ...]:
     """Stop tokens as `generate` would use them: generation config, else config, else tokenizer."""
     generation = getattr(model, "generation_config", None)
-    for source in (getattr(generation, "eos_token_id", None),
-                   getattr(model.config, "eos_token_id", None),
-                   getattr(tokenizer, "eos_token_id", None)):
+    for source in (
+        getattr(generation, "eos_token_id", None),
+        getattr(model.config, "eos_token_id", None),
+        getattr(tokenizer, "eos_token_id", None),
+    ):
         if source is not None:
             values = source if isinstance(source, (list, tuple)) else [source]
             return tuple(sorted({int(v) for v in values}))
@@ -382,7 +419,10 @@ def load_model(
 
     hf_logging.disable_progress_bar()
     model = AutoModelForCausalLM.from_pretrained(
-        folder, dtype=dtype, attn_implementation=attn_implementation, local_files_only=True,
+        folder,
+        dtype=dtype,
+        attn_implementation=attn_implementation,
+        local_files_only=True,
     )
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     if fast_linear:

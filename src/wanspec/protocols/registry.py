@@ -9,6 +9,7 @@ from typing import Any
 from wanspec.protocols import speculative as spec
 from wanspec.protocols.autoregressive import ArCloud, ArEdge
 from wanspec.protocols.settings import GenerationSettings
+from wanspec.protocols.split import SplitCloud, SplitEdge
 from wanspec.protocols.stopping import StopChecker
 
 
@@ -21,13 +22,28 @@ class MethodInfo:
     shared_vocab_only: bool = False
     aliases: tuple[str, ...] = ()
     source: str = ""
+    family: str = "speculative"  # "speculative", "ar" or "split": which machine pair runs it
 
 
 METHODS: dict[str, MethodInfo] = {
     m.name: m
     for m in [
         MethodInfo(
-            "ar", True, "cloud-only autoregressive; tokens streamed down", None, source="baseline"
+            "ar",
+            True,
+            "cloud-only autoregressive; tokens streamed down",
+            None,
+            source="baseline",
+            family="ar",
+        ),
+        MethodInfo(
+            "split",
+            False,
+            "split inference at the embedding layer: float16 activations up per token, tokens "
+            "down (exact up to float16 activations)",
+            None,
+            source="AceSpec baseline",
+            family="split",
         ),
         MethodInfo(
             "sd",
@@ -138,10 +154,19 @@ def build_machines(
         stop=settings.stop,
         decode=target_decode,
     )
-    if info.scheme is None:
+    if info.family == "ar":
         edge = ArEdge(prompt=prompt, settings=settings, stopper=stopper)
         cloud = ArCloud(
             target_lm=target_lm, alignment=alignment, encode_prompt=target_encode, eos_ids=eos
+        )
+        return edge, cloud
+    if info.family == "split":
+        cloud = SplitCloud(target_lm=target_lm, alignment=alignment, eos_ids=eos)
+        edge = SplitEdge(
+            prompt_ids=target_encode(prompt),
+            embed=target_lm.embed,
+            settings=settings,
+            stopper=stopper,
         )
         return edge, cloud
     scheme = info.scheme()
