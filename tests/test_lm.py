@@ -95,13 +95,18 @@ def test_truncate_then_extend_equals_fresh(lms: dict, family: str) -> None:
 # -- tree attention ---------------------------------------------------------------------------
 
 
-def check_tree(lm: HFLanguageModel, context: list[int], tokens: list[int], parents: list[int],
-               logits: torch.Tensor) -> None:
+def check_tree(
+    lm: HFLanguageModel,
+    context: list[int],
+    tokens: list[int],
+    parents: list[int],
+    logits: torch.Tensor,
+) -> None:
     """Each root-to-leaf branch's logits equal a fresh forward over context + branch."""
     leaves = set(range(len(tokens))) - set(parents)
     for leaf in leaves:
         path = path_to(leaf, parents)
-        ref = fresh(lm, context + [tokens[i] for i in path])[len(context):]
+        ref = fresh(lm, context + [tokens[i] for i in path])[len(context) :]
         assert max_diff(logits[path], ref) <= TOL, (leaf, path)
 
 
@@ -135,8 +140,11 @@ def test_tree_grown_over_several_calls(lms: dict, family: str) -> None:
     context = random_ids(rng, lm, 9)
     tokens, parents = random_ids(rng, lm, 12), random_tree(rng, 12)
     lm.prefill(context)
-    parts = [lm.tree_forward(tokens[:4], parents[:4]), lm.tree_forward(tokens[4:5], parents[4:5]),
-             lm.tree_forward(tokens[5:], parents[5:])]
+    parts = [
+        lm.tree_forward(tokens[:4], parents[:4]),
+        lm.tree_forward(tokens[4:5], parents[4:5]),
+        lm.tree_forward(tokens[5:], parents[5:]),
+    ]
     assert lm.pending_tree_size == 12
     check_tree(lm, context, tokens, parents, torch.cat(parts))
 
@@ -181,7 +189,7 @@ def test_keep_tree_path_then_continue(lms: dict, family: str, seed: int) -> None
     kept = context + [tokens[i] for i in path]
     assert lm.length == len(kept) and lm.pending_tree_size == 0
     more = random_ids(rng, lm, 4)
-    assert max_diff(lm.extend(more), fresh(lm, kept + more)[len(kept):]) <= TOL
+    assert max_diff(lm.extend(more), fresh(lm, kept + more)[len(kept) :]) <= TOL
     # the compacted sequence also rolls back and grows a new tree correctly
     lm.truncate(len(kept) - 1)
     again = lm.tree_forward(more, [-1, 0, 0, 2])
@@ -200,7 +208,7 @@ def test_keep_path_hanging_inside_the_cache(lms: dict, family: str) -> None:
     kept = context + chain[:2] + branch
     assert lm.length == len(kept)
     more = random_ids(rng, lm, 3)
-    assert max_diff(lm.extend(more), fresh(lm, kept + more)[len(kept):]) <= TOL
+    assert max_diff(lm.extend(more), fresh(lm, kept + more)[len(kept) :]) <= TOL
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -247,10 +255,15 @@ def hf_greedy(lm: HFLanguageModel, prompt: list[int], new_tokens: int) -> list[i
     """Stock transformers greedy decoding (its own cache, masks and linear layers)."""
     ids = torch.tensor([prompt])
     with torch.inference_mode(), stock_linear(lm.model):
-        out = lm.model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                max_new_tokens=new_tokens, min_new_tokens=0,
-                                pad_token_id=lm.eos_token_ids[0])
-    return out[0, len(prompt):].tolist()
+        out = lm.model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=new_tokens,
+            min_new_tokens=0,
+            pad_token_id=lm.eos_token_ids[0],
+        )
+    return out[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -428,11 +441,13 @@ def test_smollm_tree_and_compaction(smollm: HFLanguageModel) -> None:
     lm.keep_tree_path(path)
     kept = context + [tokens[i] for i in path]
     more = random_ids(rng, lm, 3)
-    assert max_diff(lm.extend(more), fresh(lm, kept + more)[len(kept):]) <= TOL
+    assert max_diff(lm.extend(more), fresh(lm, kept + more)[len(kept) :]) <= TOL
 
 
-PROMPTS = ("def fibonacci(n):\n    \"\"\"Return the n-th Fibonacci number.\"\"\"\n",
-           "The capital of France is")
+PROMPTS = (
+    'def fibonacci(n):\n    """Return the n-th Fibonacci number."""\n',
+    "The capital of France is",
+)
 
 
 @pytest.mark.slow

@@ -30,8 +30,9 @@ def random_tree(rng: np.random.Generator, size: int) -> list[int]:
     return [-1] + [int(rng.integers(-1, i)) for i in range(1, size)]
 
 
-def _time_ms(run: Callable[[], object], undo: Callable[[], None], warmup: int,
-             repeats: int) -> list[float]:
+def _time_ms(
+    run: Callable[[], object], undo: Callable[[], None], warmup: int, repeats: int
+) -> list[float]:
     times = []
     for i in range(warmup + repeats):
         start = time.perf_counter()
@@ -91,8 +92,9 @@ def measure_profile(
     for size in tree_sizes:
         tokens = rng.integers(0, lm.vocab_size, size).tolist()
         parents = random_tree(rng, size)
-        tree[str(size)] = _time_ms(lambda t=tokens, p=parents: lm.tree_forward(t, p), undo,
-                                   warmup, repeats)
+        tree[str(size)] = _time_ms(
+            lambda t=tokens, p=parents: lm.tree_forward(t, p), undo, warmup, repeats
+        )
     lm.reset()
     return _metadata(lm, context, repeats) | {"forward_ms": forward, "tree_ms": tree}
 
@@ -107,7 +109,7 @@ def _metadata(lm: LanguageModel, context: int, repeats: int) -> dict[str, Any]:
     return {
         "name": f"{lm.name}-cpu{threads}t",
         "source": f"wanspec bench on {cpu_name()}, {threads} threads, {dtype}, "
-                  f"context {context}, {repeats} repeats",
+        f"context {context}, {repeats} repeats",
         "model": lm.name,
         "dtype": dtype,
         "threads": threads,
@@ -146,9 +148,11 @@ def median_ms(profile: dict[str, Any], table: str, size: int) -> float:
 def format_table(profile: dict[str, Any]) -> str:
     """Median ms per pass, and the ratio to a one-token forward."""
     one = median_ms(profile, "forward_ms", 1) if "1" in profile["forward_ms"] else None
-    lines = [f"{profile.get('model', '?')}  {profile.get('dtype', '')}  "
-             f"{profile.get('threads', '?')} threads  context {profile.get('context', '?')}",
-             f"{'pass':<14}{'ms':>10}{'x n=1':>8}"]
+    lines = [
+        f"{profile.get('model', '?')}  {profile.get('dtype', '')}  "
+        f"{profile.get('threads', '?')} threads  context {profile.get('context', '?')}",
+        f"{'pass':<14}{'ms':>10}{'x n=1':>8}",
+    ]
     for table, label in (("forward_ms", "forward n="), ("tree_ms", "tree B=")):
         for size in sorted(profile.get(table, {}), key=int):
             ms = median_ms(profile, table, int(size))
@@ -175,8 +179,9 @@ def bench_command(
     from wanspec.models.lm import load_model
     from wanspec.models.registry import resolve_model
 
-    lm = load_model(resolve_model(name_or_path), dtype=dtype, threads=threads,
-                    fast_linear=fast_linear)
+    lm = load_model(
+        resolve_model(name_or_path), dtype=dtype, threads=threads, fast_linear=fast_linear
+    )
     profile = measure_profile(lm, repeats=repeats)
     path = save_profile(profile, out if out is not None else default_profile_path(profile))
     print(format_table(profile))

@@ -53,10 +53,17 @@ _CORPUS: tuple[str, ...] = (
 )
 
 _SPECIALS: dict[TokenizerStyle, dict[str, str]] = {
-    "bytelevel": {"eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>",
-                  "pad_token": "<|endoftext|>"},
-    "metaspace": {"unk_token": "<unk>", "bos_token": "<s>", "eos_token": "</s>",
-                  "pad_token": "<unk>"},
+    "bytelevel": {
+        "eos_token": "<|endoftext|>",
+        "bos_token": "<|endoftext|>",
+        "pad_token": "<|endoftext|>",
+    },
+    "metaspace": {
+        "unk_token": "<unk>",
+        "bos_token": "<s>",
+        "eos_token": "</s>",
+        "pad_token": "<unk>",
+    },
 }
 
 
@@ -83,7 +90,9 @@ def build_tokenizer(style: TokenizerStyle, vocab_size: int) -> PreTrainedTokeniz
     if vocab_size < minimum:
         raise ValueError(f"vocab_size {vocab_size} is below the {style} alphabet size {minimum}")
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=specials, initial_alphabet=sorted(set(alphabet)),
+        vocab_size=vocab_size,
+        special_tokens=specials,
+        initial_alphabet=sorted(set(alphabet)),
         show_progress=False,
     )
     tok.train_from_iterator(list(_CORPUS) * 4, trainer)
@@ -93,10 +102,16 @@ def build_tokenizer(style: TokenizerStyle, vocab_size: int) -> PreTrainedTokeniz
 def _config(family: Family, vocab: int, tokenizer: PreTrainedTokenizerFast) -> PreTrainedConfig:
     """Small but structurally faithful configs: GQA, RoPE, and for Gemma3 a short sliding window."""
     common = {
-        "vocab_size": vocab, "hidden_size": 64, "intermediate_size": 128,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 1024,
-        "initializer_range": 0.15, "bos_token_id": tokenizer.bos_token_id,
-        "eos_token_id": tokenizer.eos_token_id, "pad_token_id": tokenizer.pad_token_id,
+        "vocab_size": vocab,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 1024,
+        "initializer_range": 0.15,
+        "bos_token_id": tokenizer.bos_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
+        "pad_token_id": tokenizer.pad_token_id,
     }
     if family == "llama":
         return LlamaConfig(num_hidden_layers=2, tie_word_embeddings=False, **common)
@@ -104,9 +119,13 @@ def _config(family: Family, vocab: int, tokenizer: PreTrainedTokenizerFast) -> P
         return Qwen2Config(num_hidden_layers=2, tie_word_embeddings=False, **common)
     if family == "gemma3":
         return Gemma3TextConfig(
-            num_hidden_layers=3, head_dim=16, query_pre_attn_scalar=16, sliding_window=8,
+            num_hidden_layers=3,
+            head_dim=16,
+            query_pre_attn_scalar=16,
+            sliding_window=8,
             layer_types=["sliding_attention", "full_attention", "sliding_attention"],
-            tie_word_embeddings=False, **common,
+            tie_word_embeddings=False,
+            **common,
         )
     raise ValueError(f"unknown family {family!r}; expected one of {FAMILIES}")
 
@@ -146,7 +165,8 @@ def make_tiny_model(
 def _save(model: torch.nn.Module, tokenizer: PreTrainedTokenizerFast, path: Path) -> Path:
     path.mkdir(parents=True, exist_ok=True)
     model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.bos_token_id,
         pad_token_id=tokenizer.pad_token_id,
     )
     model.save_pretrained(path)
@@ -169,12 +189,19 @@ def _perturb_from(draft: torch.nn.Module, target: torch.nn.Module, noise: float)
                 param.copy_(source + noise * source.std() * torch.randn_like(source))
 
 
-def _copy_common_rows(draft: torch.nn.Module, draft_tok: PreTrainedTokenizerFast,
-                      target: torch.nn.Module, target_tok: PreTrainedTokenizerFast) -> None:
+def _copy_common_rows(
+    draft: torch.nn.Module,
+    draft_tok: PreTrainedTokenizerFast,
+    target: torch.nn.Module,
+    target_tok: PreTrainedTokenizerFast,
+) -> None:
     """Copy embedding/head rows of tokens whose strings agree, so the pair is related."""
     by_string = {_normalise(t): i for t, i in target_tok.get_vocab().items()}
-    pairs = [(i, by_string[_normalise(t)]) for t, i in draft_tok.get_vocab().items()
-             if _normalise(t) in by_string]
+    pairs = [
+        (i, by_string[_normalise(t)])
+        for t, i in draft_tok.get_vocab().items()
+        if _normalise(t) in by_string
+    ]
     rows_d = torch.tensor([d for d, _ in pairs])
     rows_t = torch.tensor([t for _, t in pairs])
     with torch.no_grad():
@@ -184,7 +211,10 @@ def _copy_common_rows(draft: torch.nn.Module, draft_tok: PreTrainedTokenizerFast
 
 
 def make_tiny_pair(
-    root: str | Path, shared: bool = True, seed: int = 0, noise: float = 0.03,
+    root: str | Path,
+    shared: bool = True,
+    seed: int = 0,
+    noise: float = 0.03,
 ) -> tuple[Path, Path]:
     """Write a related (draft, target) pair of tiny Llama models under `root`.
 
@@ -204,5 +234,7 @@ def make_tiny_pair(
     if not shared:
         _copy_common_rows(draft, draft_tok, target, target_tok)
     kind = "shared" if shared else "hetero"
-    return (_save(draft, draft_tok, root / f"{kind}-draft"),
-            _save(target, target_tok, root / f"{kind}-target"))
+    return (
+        _save(draft, draft_tok, root / f"{kind}-draft"),
+        _save(target, target_tok, root / f"{kind}-target"),
+    )
