@@ -47,6 +47,14 @@ def methods(as_json: bool) -> None:
         click.echo(f"{name:<10} {lossless:<9} {r['vocab']:<32} {r['description']}")
 
 
+def _user_errors() -> tuple[type[BaseException], ...]:
+    """Errors caused by what the user asked for: shown as a message, not a traceback."""
+    from wanspec.assets import AssetError
+    from wanspec.models.registry import ModelError
+
+    return (ValueError, FileNotFoundError, ModelError, AssetError)
+
+
 def _link_options(f: Any) -> Any:
     options = [
         click.option(
@@ -187,7 +195,7 @@ def generate(
             cloud_profile=cloud_profile,
             **settings,
         )
-    except (ValueError, FileNotFoundError) as err:
+    except _user_errors() as err:
         raise click.ClickException(str(err)) from err
     if as_json:
         payload = {"text": result.text, "token_ids": result.token_ids, "stats": result.stats}
