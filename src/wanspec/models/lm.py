@@ -79,6 +79,14 @@ class LanguageModel(ABC):
     def keep_tree_path(self, nodes: Sequence[int]) -> None:
         """Keep the chain `nodes` (root first) behind the prefix it hangs from; drop the rest."""
 
+    def _check_tokens(self, ids: Sequence[int], what: str) -> list[int]:
+        """Token ids as ints, each within the logits width (one check for every backend)."""
+        ids = _as_ids(ids, what)
+        bad = [t for t in ids if not 0 <= t < self.vocab_size]
+        if bad:
+            raise ValueError(f"{what} contains ids outside [0, {self.vocab_size}): {bad[:5]}")
+        return ids
+
     def reset(self) -> None:
         """Forget the whole sequence."""
         self.truncate(0)
@@ -271,13 +279,6 @@ class HFLanguageModel(LanguageModel):
 
     def _layers(self) -> list[Any]:
         return [layer for layer in self._cache.layers if layer.is_initialized]
-
-    def _check_tokens(self, ids: Sequence[int], what: str) -> list[int]:
-        ids = _as_ids(ids, what)
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"{what} contains ids outside [0, {self.vocab_size}): {bad[:5]}")
-        return ids
 
     def _check_chain(self, nodes: list[int]) -> None:
         tree = self._tree

@@ -20,7 +20,6 @@ tree conventions as the transformers backend, but with no weights and no tokeniz
 from __future__ import annotations
 
 import itertools
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
@@ -28,7 +27,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from wanspec.models.lm import LanguageModel
+from wanspec.models.lm import LanguageModel, _as_ids
 
 Role = Literal["draft", "target"]
 NEG_LOGIT = -1e9  # "probability 0": exp underflows to exactly 0 after any max-subtraction
@@ -227,20 +226,6 @@ class SyntheticLM(LanguageModel):
         for prev, node in itertools.pairwise(nodes):
             if tree.parents[node] != prev:
                 raise ValueError(f"node {node} is not a child of node {prev}; path {nodes}")
-
-    def _check_tokens(self, ids: Sequence[int], what: str) -> list[int]:
-        ids = _as_ids(ids, what)
-        bad = [t for t in ids if not 0 <= t < self.vocab_size]
-        if bad:
-            raise ValueError(f"{what} contains ids outside [0, {self.vocab_size}): {bad[:5]}")
-        return ids
-
-
-def _as_ids(values: Sequence[int], what: str) -> list[int]:
-    try:
-        return [operator.index(v) for v in values]
-    except TypeError as exc:
-        raise TypeError(f"{what} must be a sequence of integers, got {values!r}") from exc
 
 
 def synthetic_pair(alpha: float, **spec: object) -> tuple[SyntheticLM, SyntheticLM]:
