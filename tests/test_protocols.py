@@ -341,3 +341,16 @@ def test_pair_enumeration_helper_is_a_distribution(shared_world: World) -> None:
     law = shared_world.exact_joint(2)
     assert abs(sum(law.values()) - 1.0) < 1e-9
     assert all(len(k) == 2 for k in itertools.islice(law, 5))
+
+
+def test_edge_ends_cleanly_on_a_reply_for_the_wrong_round(shared_world: World) -> None:
+    from wanspec.protocols.base import ComputeDone, Finish, MessageReceived, Send, Start
+
+    edge, _ = shared_world.machines("xcosd", max_new_tokens=4)
+    actions = edge.handle(Start())
+    while not any(isinstance(a, Send) and isinstance(a.msg, wire.Draft) for a in actions):
+        compute = next(a for a in actions if hasattr(a, "run"))
+        actions = edge.handle(ComputeDone(compute.tag, compute.run()))
+    actions = edge.handle(MessageReceived(wire.VerifyResult(99, 0, token=1)))
+    assert any(isinstance(a, Finish) and a.reason.startswith("error") for a in actions)
+    assert any(isinstance(a, Send) and isinstance(a.msg, wire.Error) for a in actions)

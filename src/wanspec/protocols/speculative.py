@@ -354,7 +354,10 @@ class SpecEdge:
         if isinstance(event, ComputeDone):
             return self._on_compute(event)
         if isinstance(event, MessageReceived):
-            return self._on_message(event.msg)
+            try:
+                return self._on_message(event.msg)
+            except (ProtocolError, ValueError) as exc:  # a bad reply ends this request cleanly
+                return [Send(wire.Error(1, str(exc))), Finish(f"error: {exc}")]
         raise ProtocolError(f"unknown event {event!r}")
 
     # ---- drafting
