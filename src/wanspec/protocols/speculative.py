@@ -94,6 +94,7 @@ class Scheme:
 
     name = "base"
     uploads_dists = False  # UL-style: the draft distributions travel with the draft
+    keeps_draft_logits = False  # the edge needs each position's draft logits (U-HLM)
 
     # ---- edge
     def upload_positions(self, edge: SpecEdge, rnd: Round) -> list[int]:
@@ -142,6 +143,7 @@ class UncertaintySkip(UplinkDists):
     """U-HLM (lossy): only uncertain draft tokens are verified (their p travels); others pass."""
 
     name = "uhlm"
+    keeps_draft_logits = True
 
     def upload_positions(self, edge: SpecEdge, rnd: Round) -> list[int]:
         s = edge.settings
@@ -379,7 +381,7 @@ class SpecEdge:
         rnd.tokens.append(token)
         rnd.probs.append(int(counts[token]))
         rnd.dists.append(counts)
-        if self.scheme.name == "uhlm":
+        if self.scheme.keeps_draft_logits:
             rnd.draft_logits.append(projected)
         return int(self.alignment.target_to_draft[token])
 
