@@ -209,21 +209,45 @@ def generate(
 @click.option("--draft", default=DEFAULT_DRAFT, show_default=True)
 @click.option("--prompt", default="def fibonacci(n):", show_default=True)
 @click.option("--max-new-tokens", type=int, default=32, show_default=True)
+@click.option(
+    "--edge-profile",
+    default="measured",
+    show_default=True,
+    help="Edge compute profile (e.g. cpu-measured, edge-orin).",
+)
+@click.option(
+    "--cloud-profile",
+    default="measured",
+    show_default=True,
+    help="Cloud compute profile (e.g. cloud-a100-8b, cloud-a100-32b).",
+)
 @_link_options
 def demo(
-    target: str, draft: str, prompt: str, max_new_tokens: int, link_preset: str | None, **link: Any
+    target: str,
+    draft: str,
+    prompt: str,
+    max_new_tokens: int,
+    edge_profile: str,
+    cloud_profile: str,
+    link_preset: str | None,
+    **link: Any,
 ) -> None:
     """The main job on the bundled defaults: every lossless method, one prompt, one WAN."""
     from wanspec.bench.demo import run_demo
 
-    run_demo(
-        target=target,
-        draft=draft,
-        prompt=prompt,
-        max_new_tokens=max_new_tokens,
-        link=_make_link(link_preset, 0, **link),
-        echo=click.echo,
-    )
+    try:
+        run_demo(
+            target=target,
+            draft=draft,
+            prompt=prompt,
+            max_new_tokens=max_new_tokens,
+            link=_make_link(link_preset, 0, **link),
+            edge_profile=edge_profile,
+            cloud_profile=cloud_profile,
+            echo=click.echo,
+        )
+    except _user_errors() as err:
+        raise click.ClickException(str(err)) from err
 
 
 def _attach_optional_groups() -> None:

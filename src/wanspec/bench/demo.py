@@ -16,6 +16,8 @@ def run_demo(
     prompt: str,
     max_new_tokens: int,
     link: Any,
+    edge_profile: str = "measured",
+    cloud_profile: str = "measured",
     echo: Callable[[str], None] = print,
 ) -> list[dict[str, Any]]:
     """Greedy and sampled runs of each method; checks the greedy texts agree with AR."""
@@ -28,6 +30,7 @@ def run_demo(
         f"({stats.draft_vocab} tokens), common vocabulary |C| = {stats.common}"
     )
     echo(f"link: {link}")
+    echo(f"compute: edge {edge_profile}, cloud {cloud_profile}")
     methods = METHODS + (SHARED_ONLY if pair.shared_vocab else ())
     rows: list[dict[str, Any]] = []
     greedy_ref: str | None = None
@@ -46,6 +49,8 @@ def run_demo(
                 temperature=temperature,
                 max_new_tokens=max_new_tokens,
                 seed=0,
+                edge_profile=edge_profile,
+                cloud_profile=cloud_profile,
             )
             s = res.stats
             if temperature == 0 and method == "ar":
