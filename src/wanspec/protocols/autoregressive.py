@@ -12,7 +12,6 @@ from wanspec.protocols.base import (
     Action,
     Compute,
     ComputeDone,
-    Emit,
     Event,
     Finish,
     MessageReceived,
@@ -21,7 +20,7 @@ from wanspec.protocols.base import (
 )
 from wanspec.protocols.runner import ModelRunner, target_counts
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.protocols.stopping import StopChecker
+from wanspec.protocols.stopping import StopChecker, emit_tokens
 from wanspec.sampling import sample
 from wanspec.vocab import VocabAlignment
 
@@ -38,10 +37,9 @@ class ArEdge:
         if isinstance(event, Start):
             return [Send(wire.StartRequest(0, self.prompt, self.settings.to_dict()))]
         if isinstance(event, MessageReceived) and isinstance(event.msg, wire.Tokens):
-            kept, reason = self.stopper.push(list(event.msg.ids))
-            actions: list[Action] = [Emit(tuple(kept))] if kept else []
-            if reason is not None:
-                return [*actions, Send(wire.Close("done")), Finish(reason)]
+            actions, done = emit_tokens(self.stopper, event.msg.ids)
+            if done:
+                return actions
             if event.msg.finished:
                 return [*actions, Finish("cloud finished")]
             return actions

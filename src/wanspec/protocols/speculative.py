@@ -20,7 +20,6 @@ from wanspec.protocols.base import (
     Compute,
     ComputeCost,
     ComputeDone,
-    Emit,
     Event,
     Finish,
     MessageReceived,
@@ -29,7 +28,7 @@ from wanspec.protocols.base import (
 )
 from wanspec.protocols.runner import ModelRunner, target_counts
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.protocols.stopping import StopChecker
+from wanspec.protocols.stopping import StopChecker, emit_tokens
 from wanspec.sampling import (
     Counts,
     HybridPayload,
@@ -458,10 +457,9 @@ class SpecEdge:
         """Commit accepted drafts plus the bonus/replacement token, then go on or stop."""
         self.accepted_per_round.append(accepted)
         new = [*rnd.tokens[:accepted], int(token)]
-        kept, reason = self.stopper.push(new)
-        actions: list[Action] = [Emit(tuple(kept))] if kept else []
-        if reason is not None:
-            return [*actions, Send(wire.Close("done")), Finish(reason)]
+        actions, done = emit_tokens(self.stopper, new)
+        if done:
+            return actions
         if decided_by_edge:
             self.pending_echo.append(int(token))
         for t in new:

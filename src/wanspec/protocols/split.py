@@ -22,7 +22,6 @@ from wanspec.protocols.base import (
     Compute,
     ComputeCost,
     ComputeDone,
-    Emit,
     Event,
     Finish,
     MessageReceived,
@@ -31,7 +30,7 @@ from wanspec.protocols.base import (
 )
 from wanspec.protocols.runner import target_counts
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.protocols.stopping import StopChecker
+from wanspec.protocols.stopping import StopChecker, emit_tokens
 from wanspec.sampling import sample
 from wanspec.vocab import VocabAlignment
 
@@ -63,13 +62,12 @@ class SplitEdge:
             self.round += 1
             return [Send(wire.HiddenStates(self.round, data))]
         if isinstance(event, MessageReceived) and isinstance(event.msg, wire.Tokens):
-            kept, reason = self.stopper.push(list(event.msg.ids))
-            actions: list[Action] = [Emit(tuple(kept))] if kept else []
-            if reason is not None:
-                return [*actions, Send(wire.Close("done")), Finish(reason)]
+            actions, done = emit_tokens(self.stopper, event.msg.ids)
+            if done:
+                return actions
             if event.msg.finished:
                 return [*actions, Finish("cloud finished")]
-            return [*actions, self._embed(kept[-1:])]
+            return [*actions, self._embed(list(event.msg.ids[-1:]))]
         if isinstance(event, MessageReceived) and isinstance(event.msg, wire.Error):
             return [Finish(f"error: cloud says {event.msg.message}")]
         return []

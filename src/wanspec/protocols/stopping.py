@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Sequence
 
+from wanspec import wire
+from wanspec.protocols.base import Action, Emit, Finish, Send
+
 
 class StopChecker:
     """Accumulates finalised target tokens and cuts the output where the request says to stop.
@@ -54,3 +57,13 @@ class StopChecker:
         text = self.decode(self.output)
         before = self.decode(self.output[:-1])
         return any(s in text and s not in before for s in self.stop)
+
+
+def emit_tokens(stopper: StopChecker, tokens: Sequence[int]) -> tuple[list[Action], bool]:
+    """The edge's one way to finalise tokens: emit what the request keeps and, once the output is
+    complete, close the request. Returns the actions and whether the request is over."""
+    kept, reason = stopper.push(tokens)
+    actions: list[Action] = [Emit(tuple(kept))] if kept else []
+    if reason is None:
+        return actions, False
+    return [*actions, Send(wire.Close("done")), Finish(reason)], True
