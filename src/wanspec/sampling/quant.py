@@ -38,25 +38,6 @@ def quantize(probs: np.ndarray | torch.Tensor) -> Counts:
     return counts
 
 
-def quantize_rows(probs: torch.Tensor) -> list[Counts]:
-    """Quantise each row of a [n, V] probability tensor."""
-    rows = probs.detach().to(torch.float64).cpu().numpy()
-    return [quantize(row) for row in rows]
-
-
-def validate_counts(counts: np.ndarray, *, total: int | None = PROB_SCALE) -> Counts:
-    """Check a count vector (e.g. one that came off the wire); returns it as int64."""
-    counts = np.asarray(counts)
-    if counts.ndim != 1 or not np.issubdtype(counts.dtype, np.integer):
-        raise ValueError("counts must be a 1-D integer array")
-    counts = counts.astype(np.int64, copy=False)
-    if np.any(counts < 0) or np.any(counts > PROB_SCALE):
-        raise ValueError(f"counts must lie in [0, {PROB_SCALE}]")
-    if total is not None and int(counts.sum()) != total:
-        raise ValueError(f"counts must sum to {total}, got {int(counts.sum())}")
-    return counts
-
-
 def sample(counts: Counts, rng: np.random.Generator) -> int:
     """Draw an index with probability counts[i] / counts.sum(), exactly (integer arithmetic)."""
     cumulative = np.cumsum(counts)
@@ -73,8 +54,3 @@ def bernoulli(numerator: int, denominator: int, rng: np.random.Generator) -> boo
     if numerator >= denominator:
         return True
     return int(rng.integers(denominator)) < numerator
-
-
-def to_probs(counts: Counts) -> np.ndarray:
-    """The float distribution q̃ that counts stand for."""
-    return np.asarray(counts, dtype=np.float64) / float(np.sum(counts))
