@@ -55,6 +55,18 @@ def _user_errors() -> tuple[type[BaseException], ...]:
     return (ValueError, FileNotFoundError, ModelError, AssetError)
 
 
+def _profile_options(f: Any) -> Any:
+    """--edge-profile / --cloud-profile, shared by every command that times a run."""
+    for side, example in (("cloud", "cloud-a100-8b"), ("edge", "cpu-measured, edge-orin")):
+        f = click.option(
+            f"--{side}-profile",
+            default="measured",
+            show_default=True,
+            help=f"{side.capitalize()} compute profile: a name (e.g. {example}) or a JSON path.",
+        )(f)
+    return f
+
+
 def _link_options(f: Any) -> Any:
     options = [
         click.option(
@@ -137,18 +149,7 @@ def _make_link(link_preset: str | None, seed: int, **numbers: Any) -> Any:
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--srdv-k", type=int, default=4, show_default=True, help="X-CoSD-E candidates K.")
 @click.option("--srdv-m", type=int, default=2, show_default=True, help="X-CoSD-E rounds M.")
-@click.option(
-    "--edge-profile",
-    default="measured",
-    show_default=True,
-    help="Edge compute profile (name or JSON path).",
-)
-@click.option(
-    "--cloud-profile",
-    default="measured",
-    show_default=True,
-    help="Cloud compute profile (name or JSON path).",
-)
+@_profile_options
 @_link_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the stats.")
 def generate(
@@ -209,18 +210,7 @@ def generate(
 @click.option("--draft", default=DEFAULT_DRAFT, show_default=True)
 @click.option("--prompt", default="def fibonacci(n):", show_default=True)
 @click.option("--max-new-tokens", type=int, default=32, show_default=True)
-@click.option(
-    "--edge-profile",
-    default="measured",
-    show_default=True,
-    help="Edge compute profile (e.g. cpu-measured, edge-orin).",
-)
-@click.option(
-    "--cloud-profile",
-    default="measured",
-    show_default=True,
-    help="Cloud compute profile (e.g. cloud-a100-8b, cloud-a100-32b).",
-)
+@_profile_options
 @_link_options
 def demo(
     target: str,
