@@ -1,0 +1,34 @@
+"""Real networking: the asyncio transport of the wire codec and a user-space WAN emulator.
+
+Floor 3 (beside `wanspec.sim`): imports `wanspec.wire`, never the protocol machines or the
+simulator. `framing` carries codec frames over asyncio streams and counts what they cost;
+`proxy` is a transparent TCP proxy that shapes each direction like a WAN link (`shaping` holds
+its sans-IO timing model); `units` parses `tc`-style rates and durations.
+"""
+
+from wanspec.net.framing import (
+    ConnectionClosed,
+    MessageStream,
+    TrafficCounter,
+    read_message,
+    write_message,
+)
+from wanspec.net.proxy import ConnectionStats, DirectionStats, WanProxy
+from wanspec.net.shaping import DirectionSpec, Shaper, Slot
+from wanspec.net.units import parse_duration, parse_rate
+
+__all__ = [
+    "ConnectionClosed",
+    "ConnectionStats",
+    "DirectionSpec",
+    "DirectionStats",
+    "MessageStream",
+    "Shaper",
+    "Slot",
+    "TrafficCounter",
+    "WanProxy",
+    "parse_duration",
+    "parse_rate",
+    "read_message",
+    "write_message",
+]

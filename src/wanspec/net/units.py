@@ -1,0 +1,43 @@
+"""Rates and durations written the way `tc` writes them: `1mbit`, `10mbit/s`, `50ms`, `250us`.
+
+Rates use SI prefixes (1 kbit = 1000 bits), like `tc`. Byte-based spellings (`mbps`, `mb`) are
+refused rather than guessed: `tc` reads `mbps` as megaBYTES per second while most people mean
+megabits, and a silent factor of 8 in a link emulator is worse than an error.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+
+_RATE_PREFIX = {"": 1.0, "k": 1e3, "m": 1e6, "g": 1e9}
+_TIME_UNIT = {"": 1.0, "s": 1.0, "ms": 1e-3, "us": 1e-6}
+_NUMBER = r"(?P<num>[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)"
+_RATE = re.compile(rf"{_NUMBER}\s*(?:(?P<prefix>[kmg]?)bit(?:/s)?)?", re.IGNORECASE)
+_TIME = re.compile(rf"{_NUMBER}\s*(?P<unit>s|ms|us)?", re.IGNORECASE)
+_UNLIMITED = {"inf", "unlimited", "none"}
+
+
+def parse_rate(text: str) -> float:
+    """Bits per second from `1mbit`, `2.5Mbit/s`, `800kbit`, `1e6` (bits/s) or `unlimited`."""
+    spelled = text.strip()
+    if spelled.lower() in _UNLIMITED:
+        return math.inf
+    match = _RATE.fullmatch(spelled)
+    if match is None:
+        raise ValueError(
+            f"bad rate {text!r}: write a number with bit, kbit, mbit or gbit (optionally /s), "
+            "e.g. 10mbit, or 'unlimited'"
+        )
+    value = float(match["num"]) * _RATE_PREFIX[(match["prefix"] or "").lower()]
+    if value <= 0:
+        raise ValueError(f"a rate must be > 0, got {text!r}")
+    return value
+
+
+def parse_duration(text: str) -> float:
+    """Seconds from `50ms`, `0.05s`, `250us` or a bare number of seconds."""
+    match = _TIME.fullmatch(text.strip())
+    if match is None:
+        raise ValueError(f"bad duration {text!r}: write a number with s, ms or us, e.g. 50ms")
+    return float(match["num"]) * _TIME_UNIT[(match["unit"] or "").lower()]
