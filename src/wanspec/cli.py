@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -238,6 +239,124 @@ def demo(
         )
     except _user_errors() as err:
         raise click.ClickException(str(err)) from err
+
+
+def _parsed(kind: str) -> Any:
+    """A click callback that parses a value with `wanspec.net.units.parse_<kind>` (lazily, so
+    that other commands never import it); its ValueError becomes a usage error."""
+
+    def callback(ctx: click.Context, param: click.Parameter, value: str | None) -> Any:
+        from wanspec.net import units
+
+        try:
+            return None if value is None else getattr(units, f"parse_{kind}")(value)
+        except ValueError as err:
+            raise click.BadParameter(str(err)) from err
+
+    return callback
+
+
+def wan_proxy_specs(link_preset: str | None, **given: Any) -> Any:
+    """(up, down) `DirectionSpec`s: a `--link` preset (or an unlimited, zero-delay link) with
+    every option the user gave on top. Keys: up_bw, down_bw (bits/s), rtt, jitter, rto (s), loss."""
+    from wanspec.net import DirectionSpec
+
+    chosen: dict[str, Any] = {"up_bw": math.inf, "down_bw": math.inf, "rtt": 0.0}
+    chosen.update(jitter=0.0, loss=0.0, rto=None)
+    if link_preset:
+        from wanspec.sim.link import link_preset as preset
+
+        link = preset(link_preset)
+        chosen.update(up_bw=link.up_bps, down_bw=link.down_bps, rtt=link.rtt_s)
+        chosen.update(jitter=link.jitter_s, loss=link.loss, rto=link.retransmit_s)
+    chosen.update({key: value for key, value in given.items() if value is not None})
+    shared = (chosen["rtt"] / 2, chosen["jitter"], chosen["loss"], chosen["rto"])
+    return DirectionSpec(chosen["up_bw"], *shared), DirectionSpec(chosen["down_bw"], *shared)
+
+
+def _host_port(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]"), int(port)
+
+
+@main.command("wan-proxy")
+@click.option(
+    "--listen",
+    required=True,
+    callback=_host_port,
+    metavar="HOST:PORT",
+    help="HOST:PORT to accept on.",
+)
+@click.option(
+    "--upstream",
+    required=True,
+    callback=_host_port,
+    metavar="HOST:PORT",
+    help="HOST:PORT to relay to.",
+)
+@click.option(
+    "--up-bw", callback=_parsed("rate"), metavar="RATE", help="Client→upstream rate, e.g. 1mbit."
+)
+@click.option(
+    "--down-bw", callback=_parsed("rate"), metavar="RATE", help="Upstream→client rate, e.g. 10mbit."
+)
+@click.option(
+    "--rtt", callback=_parsed("duration"), metavar="TIME", help="Round-trip delay, e.g. 50ms."
+)
+@click.option(
+    "--jitter",
+    callback=_parsed("duration"),
+    metavar="TIME",
+    help="Half-normal jitter per direction.",
+)
+@click.option(
+    "--loss",
+    type=click.FloatRange(0, 1, max_open=True),
+    help="Per-segment loss probability, felt as retransmission delay.",
+)
+@click.option(
+    "--rto", callback=_parsed("duration"), metavar="TIME", help="Retransmission timeout [one RTT]."
+)
+@click.option("--link", "link_preset", metavar="PRESET", help="A named WAN preset (e.g. wan-4g).")
+@click.option("--seed", type=int, default=0, show_default=True)
+def wan_proxy(
+    listen: tuple[str, int],
+    upstream: tuple[str, int],
+    link_preset: str | None,
+    seed: int,
+    **given: Any,
+) -> None:
+    """Relay TCP through an emulated WAN link (rate, delay, jitter, loss); Ctrl-C stops it."""
+    import asyncio
+
+    from wanspec.net.proxy import ConnectionStats, WanProxy, serve_until_signalled
+
+    try:
+        up, down = wan_proxy_specs(link_preset, **given)
+    except ValueError as err:
+        raise click.ClickException(str(err)) from err
+
+    def closed(c: ConnectionStats) -> None:
+        took = (c.closed_s or c.opened_s) - c.opened_s
+        why = f" ({c.error})" if c.error else ""
+        click.echo(f"connection {c.id} closed after {took:.1f} s: up {c.up.bytes} B, "
+                   f"down {c.down.bytes} B{why}")  # fmt: skip
+
+    def ready(p: WanProxy) -> None:
+        host, port = p.address
+        click.echo(f"wan-proxy listening on {host}:{port}, relaying to {upstream[0]}:{upstream[1]}")
+        click.echo(f"  up   {up.describe()}\n  down {down.describe()}\n  seed {seed}; Ctrl-C stops")
+
+    proxy = WanProxy(listen, upstream, up, down, seed=seed, on_close=closed)
+    try:
+        asyncio.run(serve_until_signalled(proxy, ready))
+    except OSError as err:
+        raise click.ClickException(f"cannot listen on {listen[0]}:{listen[1]}: {err}") from err
+    except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed
+        pass
+    click.echo("wan-proxy stopped")
 
 
 def _attach_optional_groups() -> None:

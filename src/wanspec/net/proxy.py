@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import TracebackType
@@ -248,3 +249,23 @@ class WanProxy:
         limit = self.max_buffer or default_buffer_bytes(spec)
         shaper = Shaper(spec, seed=[self.seed, conn.id, direction])
         return _Pipe(source, sink, shaper, stats, limit)
+
+
+async def serve_until_signalled(
+    proxy: WanProxy, ready: Callable[[WanProxy], None] | None = None
+) -> None:
+    """Run `proxy` until SIGINT (Ctrl-C) or SIGTERM, then stop it: the signal ends the wait
+    instead of raising KeyboardInterrupt somewhere inside a relay. `ready` runs once listening."""
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        async with proxy:
+            if ready is not None:
+                ready(proxy)
+            await stopping.wait()
+    finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)

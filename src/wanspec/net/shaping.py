@@ -54,6 +54,16 @@ class DirectionSpec:
         """The retransmission timeout charged per failed attempt."""
         return 2 * self.delay_s if self.rto_s is None else self.rto_s
 
+    def describe(self) -> str:
+        """One line for people: `1 Mbit/s, 25 ms one way, jitter 5 ms, loss 1%`."""
+        rate = "unlimited" if math.isinf(self.rate_bps) else f"{self.rate_bps / 1e6:g} Mbit/s"
+        parts = [rate, f"{self.delay_s * 1e3:g} ms one way"]
+        if self.jitter_s:
+            parts.append(f"jitter {self.jitter_s * 1e3:g} ms")
+        if self.loss:
+            parts.append(f"loss {self.loss:.2%} (rto {self.timeout_s * 1e3:g} ms)")
+        return ", ".join(parts)
+
     def serialise_s(self, nbytes: int) -> float:
         """Time the link needs to put `nbytes` on the wire."""
         return nbytes * 8 / self.rate_bps
