@@ -165,24 +165,28 @@ class VocabAlignment:
         if array.ndim < 1 or array.shape[-1] != width:
             raise ValueError(f"{what} must have last dimension {width}, got {tuple(array.shape)}")
 
+    def _onto_target(self, rows: ArrayT, fill: float, what: str) -> ArrayT:
+        """Draft-width rows (..., draft_width) → (..., target_width): C copied, `fill` elsewhere."""
+        self._check_width(rows, self.draft_width, what)
+        d_idx, t_idx = self._indices(rows)
+        shape = (*rows.shape[:-1], self.target_width)
+        if isinstance(rows, np.ndarray):
+            out = np.full(shape, fill, dtype=np.result_type(rows.dtype, np.float32))
+        else:
+            out = torch.full(shape, fill, dtype=rows.dtype, device=rows.device)
+        out[..., t_idx] = rows[..., d_idx]
+        return out
+
     def project_draft_logits(self, logits: ArrayT) -> ArrayT:
         """Draft logits (..., draft_width) → target-width logits, −inf outside C.
 
         Warping these (temperature, top-k, top-p over C only) is restrict-then-warp; the SPEC's
         order, warp-then-restrict, is `project_draft(warp(draft probs))`. Both are exact (p is
         only the proposal); restrict-then-warp never loses all mass to tokens outside C."""
-        self._check_width(logits, self.draft_width, "draft logits")
-        d_idx, t_idx = self._indices(logits)
-        shape = (*logits.shape[:-1], self.target_width)
-        if isinstance(logits, np.ndarray):
-            out = np.full(shape, -np.inf, dtype=np.result_type(logits.dtype, np.float32))
-            finite = np.isfinite(logits[..., d_idx]).any(axis=-1)
-        else:
-            out = torch.full(shape, float("-inf"), dtype=logits.dtype, device=logits.device)
-            finite = torch.isfinite(logits[..., d_idx]).any(dim=-1)
-        if not bool(finite.all()):
+        out = self._onto_target(logits, float("-inf"), "draft logits")
+        finite = np.isfinite(out) if isinstance(out, np.ndarray) else torch.isfinite(out)
+        if not bool(finite.any(-1).all()):
             raise NoCommonMassError("draft logits are −inf on every common-vocabulary token")
-        out[..., t_idx] = logits[..., d_idx]
         return out
 
     def project_draft(self, draft_probs: ArrayT) -> ArrayT:
@@ -190,14 +194,7 @@ class VocabAlignment:
 
         Raises NoCommonMassError (no fallback) when a row has no mass on C, e.g. after a top-k
         warp that kept only LLM-only tokens; the caller then stops drafting for that step."""
-        self._check_width(draft_probs, self.draft_width, "draft probabilities")
-        d_idx, t_idx = self._indices(draft_probs)
-        shape = (*draft_probs.shape[:-1], self.target_width)
-        if isinstance(draft_probs, np.ndarray):
-            out = np.zeros(shape, dtype=np.result_type(draft_probs.dtype, np.float32))
-        else:
-            out = draft_probs.new_zeros(shape)
-        out[..., t_idx] = draft_probs[..., d_idx]
+        out = self._onto_target(draft_probs, 0.0, "draft probabilities")
         mass = out.sum(-1, keepdims=True) if isinstance(out, np.ndarray) else out.sum(-1, True)
         if not bool((mass > 0).all()):
             raise NoCommonMassError("the draft distribution puts no mass on the common vocabulary")
