@@ -3,14 +3,16 @@
 The protocols work in the target's index space (SPEC, TLI): a draft distribution is moved onto
 the common vocabulary C and renormalised there, and LLM-only target tokens travel as their
 vocabulary piece. `VocabAlignment` holds the immutable maps both sides derive from the two
-tokenizers, built once per pair.
+tokenizers, built once per pair; its `fingerprint` lets edge and cloud check they built the same.
 """
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any, TypeVar
 
 import numpy as np
@@ -19,6 +21,7 @@ import torch
 from wanspec.vocab.pairing import check_pair, common_pairs
 from wanspec.vocab.retokenize import DraftRetokenizer
 from wanspec.vocab.tokens import TokenTable, as_table
+from wanspec.vocab.tokens import fingerprint as tokenizer_fingerprint
 
 MIN_COMMON_WARN = 100
 
@@ -125,6 +128,16 @@ class VocabAlignment:
 
     def __repr__(self) -> str:
         return f"VocabAlignment({self.stats()})"
+
+    @cached_property
+    def fingerprint(self) -> str:
+        """16 hex digits naming the (draft tokenizer, target tokenizer, widths) this alignment was
+        built from: equal on edge and cloud means equal maps, so a handshake compares one string.
+        Built from the tokenizers' `fingerprint`s, so it is the same in every process."""
+        draft = tokenizer_fingerprint(self.draft)
+        target = draft if self.target is self.draft else tokenizer_fingerprint(self.target)
+        key = f"{draft}:{target}:{self.draft_width}:{self.target_width}"
+        return hashlib.sha256(key.encode()).hexdigest()[:16]
 
     @property
     def is_identity(self) -> bool:
