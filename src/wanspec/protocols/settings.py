@@ -1,13 +1,71 @@
-"""Per-request generation settings, shared by every method and sent in StartRequest."""
+"""Per-request generation settings, shared by every method and sent in StartRequest.
+
+Every setting is checked when the settings are built, against the limits of the wire that will
+carry the request, so a bad value is one clear error up front and never a numpy or wire error in
+the middle of a run.
+"""
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from wanspec.sampling import SamplingParams
+from wanspec.wire import DEFAULT_LIMITS, WireError
+from wanspec.wire.validate import check_settings
 
-MAX_GAMMA = 64
+# A round's drafted tokens travel in one id list (plus the bonus in the reply) and, for UL,
+# one distribution each in one DraftWithDists.
+MAX_GAMMA = min(DEFAULT_LIMITS.max_dists, DEFAULT_LIMITS.max_tokens - 1)
+# SR-DV asks for K candidates in one CandidatesRequest / Candidates message.
+MAX_SRDV_K = DEFAULT_LIMITS.max_candidates
+# Tokens travel in rounds, so the wire sets no hard cap on a whole generation; this one only
+# catches typos: 2^20 tokens is beyond the context of every supported model.
+MAX_NEW_TOKENS = 1 << 20
+# Seeds travel as JSON integers and seed numpy; keep them within an int64 like every counter.
+MAX_SEED = (1 << 63) - 1
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int_in(low: int, high: int) -> Callable[[object], bool]:
+    return lambda v: _is_int(v) and low <= v <= high
+
+
+def _real_in(low: float, high: float, *, open_low: bool = False) -> Callable[[object], bool]:
+    def check(v: object) -> bool:
+        if not (_is_int(v) or isinstance(v, float)) or not math.isfinite(v):
+            return False
+        return (low < v if open_low else low <= v) and v <= high
+
+    return check
+
+
+def _is_bool(value: object) -> bool:
+    return isinstance(value, bool)
+
+
+# name -> (test, the rule in words); sampling settings are checked by SamplingParams.
+_RULES: dict[str, tuple[Callable[[object], bool], str]] = {
+    "max_new_tokens": (_int_in(1, MAX_NEW_TOKENS), f"an integer in [1, {MAX_NEW_TOKENS}]"),
+    "seed": (_int_in(0, MAX_SEED), "an integer in [0, 2^63 - 1]"),
+    "gamma": (_int_in(1, MAX_GAMMA), f"an integer in [1, {MAX_GAMMA}] (the wire's draft limit)"),
+    "srdv_k": (
+        _int_in(1, MAX_SRDV_K),
+        f"an integer in [1, {MAX_SRDV_K}] (the wire's candidate limit)",
+    ),
+    "srdv_m": (_int_in(1, 1 << 16), "an integer in [1, 65536]"),
+    "tr_k": (_int_in(1, DEFAULT_LIMITS.max_width), "an integer >= 1"),
+    "uhlm_samples": (_int_in(1, 1 << 16), "an integer in [1, 65536]"),
+    "uhlm_eta_max": (_real_in(0.0, math.inf, open_low=True), "a finite number > 0"),
+    "uhlm_threshold": (_real_in(0.0, 1.0), "a number in [0, 1]"),
+    "ignore_eos": (_is_bool, "True or False"),
+    "hr_piggyback": (_is_bool, "True or False"),
+}
 
 
 @dataclass(frozen=True)
@@ -29,30 +87,41 @@ class GenerationSettings:
     uhlm_samples: int = 20
     uhlm_eta_max: float = 2.0
     uhlm_threshold: float = 0.5
-    split_layers: int = 2  # split inference: layers on the edge
+    min_p: float = 0.0  # 0 = off
+    repetition_penalty: float = 1.0  # 1.0 = off
 
     def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            raise ValueError(f"invalid setting stop={self.stop!r}: must be a list of strings")
         object.__setattr__(self, "stop", tuple(self.stop))
-        self.sampling  # noqa: B018 - validates temperature / top-k / top-p
-        checks = {
-            "max_new_tokens": self.max_new_tokens >= 1,
-            "gamma": 1 <= self.gamma <= MAX_GAMMA,
-            "srdv_k": self.srdv_k >= 1,
-            "srdv_m": self.srdv_m >= 1,
-            "tr_k": self.tr_k >= 1,
-            "uhlm_samples": self.uhlm_samples >= 1,
-            "uhlm_eta_max": self.uhlm_eta_max > 0,
-            "split_layers": self.split_layers >= 0,
-        }
-        for name, ok in checks.items():
-            if not ok:
-                raise ValueError(f"invalid setting {name}={getattr(self, name)!r}")
-        if not all(isinstance(s, str) and s for s in self.stop):
-            raise ValueError("stop strings must be non-empty strings")
+        for name, (ok, rule) in _RULES.items():
+            value = getattr(self, name)
+            if not ok(value):
+                raise ValueError(f"invalid setting {name}={value!r}: must be {rule}")
+        self.sampling  # noqa: B018 - validates temperature / top-k / top-p / min-p / penalty
+        self._check_stop()
+
+    def _check_stop(self) -> None:
+        for s in self.stop:
+            if not isinstance(s, str) or not s:
+                raise ValueError(f"invalid setting stop: {s!r} is not a non-empty string")
+            try:
+                s.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                raise ValueError(f"invalid setting stop: {s!r} is not valid text") from exc
+        try:
+            check_settings(self.to_dict(), DEFAULT_LIMITS)
+        except WireError as exc:
+            raise ValueError(f"invalid setting stop: too long for the wire ({exc})") from exc
 
     @property
     def sampling(self) -> SamplingParams:
-        return SamplingParams(self.temperature, self.top_k, self.top_p)
+        try:
+            return SamplingParams(
+                self.temperature, self.top_k, self.top_p, self.min_p, self.repetition_penalty
+            )
+        except ValueError as exc:
+            raise ValueError(f"invalid setting {exc}") from exc
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
