@@ -29,6 +29,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
+from wanspec.paths import user_profiles_dir
 from wanspec.protocols.base import ComputeCost
 
 _KINDS = ("forward", "tree", "cpu")
@@ -199,7 +200,7 @@ def profile_from_dict(data: Mapping[str, Any], name: str | None = None) -> Table
 
 
 def _user_dir() -> Path:
-    return Path(os.environ.get("WANSPEC_HOME", Path.home() / ".cache" / "wanspec")) / "profiles"
+    return user_profiles_dir()
 
 
 def _shipped() -> dict[str, Any]:
