@@ -1,0 +1,62 @@
+"""What the cells of one sweep share: loaded model pairs and prompt sets, each built once."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from wanspec.bench.config import TINY_PAIR
+from wanspec.bench.datasets import PromptSet, load_prompts
+
+TINY_SEED = 3  # the heterogeneous tiny pair the protocol tests use
+
+
+def tiny_pair_folders() -> tuple[Path, Path]:
+    """(target, draft) folders of the tiny heterogeneous pair, built once under $WANSPEC_HOME."""
+    from wanspec.assets import wanspec_home
+    from wanspec.models.tiny import make_tiny_pair
+
+    root = wanspec_home() / "bench" / f"tiny-pair-seed{TINY_SEED}"
+    target, draft = root / "hetero-target", root / "hetero-draft"
+    done = root / ".complete"
+    if not done.exists():
+        draft, target = make_tiny_pair(root, shared=False, seed=TINY_SEED)
+        done.touch()
+    return target, draft
+
+
+def vocab_sizes(pair: Any) -> dict[str, int]:
+    """|V| (target), |V_S| (draft) and |C| of a loaded pair, for the paper's accounting."""
+    stats = pair.alignment.stats()
+    return {"target": stats.target_vocab, "draft": stats.draft_vocab, "common": stats.common}
+
+
+@dataclass
+class Context:
+    """`pairs` may be given loaded pairs by (target, draft) name, e.g. a synthetic pair."""
+
+    threads: int | None = None
+    data_dir: Path | None = None
+    pairs: dict[tuple[str, str], Any] = field(default_factory=dict)
+    _prompts: dict[tuple[str, int], PromptSet] = field(default_factory=dict)
+
+    def pair(self, target: str, draft: str) -> Any:
+        """`wanspec.load_pair`, once per (target, draft); the tiny names build the tiny pair."""
+        import wanspec
+
+        key = (target, draft)
+        if key not in self.pairs:
+            if key == TINY_PAIR:
+                target_dir, draft_dir = tiny_pair_folders()
+                loaded = wanspec.load_pair(target_dir, draft_dir, threads=self.threads)
+            else:
+                loaded = wanspec.load_pair(target, draft, threads=self.threads)
+            self.pairs[key] = loaded
+        return self.pairs[key]
+
+    def prompts(self, dataset: str, n: int) -> PromptSet:
+        key = (dataset, n)
+        if key not in self._prompts:
+            self._prompts[key] = load_prompts(dataset, n, self.data_dir)
+        return self._prompts[key]

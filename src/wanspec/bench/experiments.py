@@ -1,0 +1,544 @@
+"""The experiments: which cells each one runs, how a cell runs, and its table and figure.
+
+An experiment is an `Experiment` in `EXPERIMENTS`: `cells(config, ctx)` lists its cells,
+`run_cell(cell, ctx)` computes one (on the simulator, through the public `wanspec.generate`),
+`table(lines)` turns the finished cells into rows, `plot(rows, folder)` draws them. Cells store
+raw per-prompt stats, so tables and accounting can change without rerunning anything. A new
+experiment (AceSpec's, once its methods exist) is one more entry: generation cells take any
+method, dataset, profile pair, link and generation settings (`generation_cell`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from wanspec.bench import plots
+from wanspec.bench.accounting import ACCOUNTED_METHODS, Events, Vocab, paper_bits
+from wanspec.bench.config import METHOD_OPTIONS, Config
+from wanspec.bench.context import Context, vocab_sizes
+from wanspec.bench.metrics import (
+    METRICS,
+    bootstrap_interval,
+    gold_answer,
+    paired_difference_interval,
+)
+from wanspec.bench.runner import Cell
+
+Line = dict[str, Any]
+Row = dict[str, Any]
+SESSION_MESSAGES = ("StartRequest", "Close")  # one-off per request, not per token
+REFERENCE_METHOD = "ar"  # the target model alone: the quality every lossless method must match
+
+
+@dataclass(frozen=True)
+class Experiment:
+    name: str
+    title: str
+    about: str
+    cells: Callable[[Config, Context], list[Cell]]
+    run_cell: Callable[[Cell, Context], dict[str, Any]]
+    table: Callable[[list[Line]], list[Row]]
+    plot: Callable[[list[Row], Path], list[Path]]
+
+
+# ============================================================================ generation cells
+
+
+def generation_cell(
+    config: Config,
+    ctx: Context,
+    experiment: str,
+    method: str,
+    dataset: str,
+    *,
+    temperature: float,
+    max_new_tokens: int,
+    downlink_bps: float | None = None,
+) -> Cell:
+    """One method on one prompt set; only this method's options enter its settings."""
+    prompts = ctx.prompts(dataset, config.prompts)
+    generation: dict[str, Any] = {
+        "max_new_tokens": max_new_tokens,
+        "temperature": temperature,
+        "top_k": 0,
+        "top_p": 1.0,
+        "seed": config.seed,
+    }
+    if method != REFERENCE_METHOD:
+        generation["gamma"] = config.gamma
+    generation.update({k: config.options[k] for k in METHOD_OPTIONS.get(method, ())})
+    link = {
+        "uplink_bps": config.uplink_bps,
+        "downlink_bps": downlink_bps or config.downlink_bps,
+        "rtt_s": config.rtt_s,
+    }
+    settings = {
+        "experiment": experiment,
+        "method": method,
+        "dataset": {"name": prompts.name, "n": len(prompts.records), "digest": prompts.digest},
+        "target": config.target,
+        "draft": config.draft,
+        "edge_profile": config.edge_profile,
+        "cloud_profile": config.cloud_profile,
+        "link": link,
+        "generation": generation,
+    }
+    key = f"{method} | {prompts.name} | T={temperature}"
+    if downlink_bps:
+        key += f" | down={downlink_bps:.3g} bps"
+    return Cell(key, settings)
+
+
+def run_generation_cell(cell: Cell, ctx: Context) -> dict[str, Any]:
+    """Every prompt of the cell through `wanspec.generate`; prompt i uses seed + i."""
+    import wanspec
+
+    s = cell.settings
+    pair = ctx.pair(s["target"], s["draft"])
+    prompts = ctx.prompts(s["dataset"]["name"], s["dataset"]["n"])
+    if prompts.digest != s["dataset"]["digest"]:
+        raise ValueError(f"prompt set {prompts.name!r} changed while the sweep ran")
+    link = wanspec.Link(
+        bandwidth_bps=s["link"]["downlink_bps"],
+        uplink_bps=s["link"]["uplink_bps"],
+        downlink_bps=s["link"]["downlink_bps"],
+        rtt_s=s["link"]["rtt_s"],
+    )
+    results = []
+    for i, record in enumerate(prompts.records):
+        generation = {**s["generation"], "seed": s["generation"]["seed"] + i}
+        res = wanspec.generate(
+            pair,
+            record["prompt"],
+            s["method"],
+            link=link,
+            edge_profile=s["edge_profile"],
+            cloud_profile=s["cloud_profile"],
+            **generation,
+        )
+        entry = {"id": record["id"], "text": res.text, "stats": res.stats}
+        if prompts.task:
+            entry["gold"] = gold_answer(prompts.task, record)
+        results.append(entry)
+    return {"vocab": vocab_sizes(pair), "task": prompts.task, "prompts": results}
+
+
+def _per_token(total: float, tokens: int) -> float | None:
+    return total / tokens if tokens else None
+
+
+def _totals(line: Line) -> dict[str, float]:
+    """Sums over a cell's prompts of the quantities its tables need."""
+    stats = [p["stats"] for p in line["result"]["prompts"]]
+    session = sum(s["bits_by_type"].get(m, 0) for s in stats for m in SESSION_MESSAGES)
+    return {
+        "tokens": sum(s["new_tokens"] for s in stats),
+        "time_s": sum(s["time_s"] for s in stats),
+        "up_bits": sum(s["uplink_bits"] for s in stats) - session,
+        "down_bits": sum(s["downlink_bits"] for s in stats),
+    }
+
+
+def _acceptance(line: Line) -> float | None:
+    rounds = [a for p in line["result"]["prompts"] for a in p["stats"]["accepted_per_round"]]
+    gamma = line["settings"]["generation"].get("gamma")
+    return sum(rounds) / (len(rounds) * gamma) if rounds and gamma else None
+
+
+# ============================================================================ xcosd-bits
+
+
+def _bits_cells(config: Config, ctx: Context) -> list[Cell]:
+    return [
+        generation_cell(
+            config,
+            ctx,
+            "xcosd-bits",
+            method,
+            dataset,
+            temperature=config.temperature,
+            max_new_tokens=config.max_new_tokens,
+        )
+        for dataset in config.datasets
+        for method in ACCOUNTED_METHODS
+    ]
+
+
+def paper_bits_of_line(line: Line) -> tuple[int, int]:
+    """The paper's (uplink, downlink) bits summed over a cell's prompts."""
+    s = line["settings"]
+    gamma = s["generation"]["gamma"]
+    vocab = Vocab(**line["result"]["vocab"])
+    up = down = 0
+    for p in line["result"]["prompts"]:
+        u, d = paper_bits(
+            s["method"], Events.from_stats(p["stats"], gamma), vocab, gamma, s["generation"]
+        )
+        up, down = up + u, down + d
+    return up, down
+
+
+def _bits_table(lines: list[Line]) -> list[Row]:
+    rows = []
+    for line in lines:
+        t = _totals(line)
+        up, down = paper_bits_of_line(line)
+        rows.append(
+            {
+                "dataset": line["settings"]["dataset"]["name"],
+                "method": line["settings"]["method"],
+                "tokens": t["tokens"],
+                "acceptance": _acceptance(line),
+                "uplink wire": _per_token(t["up_bits"], t["tokens"]),
+                "uplink paper": _per_token(up, t["tokens"]),
+                "downlink wire": _per_token(t["down_bits"], t["tokens"]),
+                "downlink paper": _per_token(down, t["tokens"]),
+            }
+        )
+    return rows
+
+
+def _bits_plot(rows: list[Row], folder: Path) -> list[Path]:
+    panels = [
+        ("uplink wire", "uplink, wire"),
+        ("uplink paper", "uplink, paper accounting"),
+        ("downlink wire", "downlink, wire"),
+        ("downlink paper", "downlink, paper accounting"),
+    ]
+    fig = plots.grouped_bars(
+        rows, panels=panels, group="method", series="dataset", ylabel="bits per token"
+    )
+    return plots.save(fig, folder, "xcosd-bits")
+
+
+# ============================================================================ xcosd-rate
+
+RATE_METHODS = (REFERENCE_METHOD, *ACCOUNTED_METHODS)
+
+
+def _rate_cells(config: Config, ctx: Context) -> list[Cell]:
+    return [
+        generation_cell(
+            config,
+            ctx,
+            "xcosd-rate",
+            method,
+            dataset,
+            temperature=config.temperature,
+            max_new_tokens=config.max_new_tokens,
+            downlink_bps=rate,
+        )
+        for dataset in config.rate_datasets
+        for rate in config.rates_bps
+        for method in RATE_METHODS
+    ]
+
+
+def _rate_table(lines: list[Line]) -> list[Row]:
+    rows = []
+    for line in lines:
+        t = _totals(line)
+        stats = [p["stats"] for p in line["result"]["prompts"]]
+        latencies = [s["time_s"] / s["new_tokens"] for s in stats if s["new_tokens"]]
+        rows.append(
+            {
+                "dataset": line["settings"]["dataset"]["name"],
+                "method": line["settings"]["method"],
+                "downlink bps": line["settings"]["link"]["downlink_bps"],
+                "tokens": t["tokens"],
+                "tokens/s": t["tokens"] / t["time_s"] if t["time_s"] else None,
+                "per-token latency ms": 1e3 * sum(latencies) / len(latencies)
+                if latencies
+                else None,
+                "TTFT ms": 1e3 * sum(s["ttft_s"] or 0 for s in stats) / len(stats),
+            }
+        )
+    reference = {
+        (r["dataset"], r["downlink bps"]): r["tokens/s"]
+        for r in rows
+        if r["method"] == REFERENCE_METHOD
+    }
+    for r in rows:
+        base = reference.get((r["dataset"], r["downlink bps"]))
+        r["speedup vs ar"] = r["tokens/s"] / base if base and r["tokens/s"] else None
+    return rows
+
+
+def _rate_plot(rows: list[Row], folder: Path) -> list[Path]:
+    fig = plots.lines_vs(
+        rows,
+        x="downlink bps",
+        panels=[
+            ("tokens/s", "throughput, tokens/s"),
+            ("per-token latency ms", "per-token latency, ms"),
+        ],
+        series="method",
+        facet="dataset",
+        xlabel="downlink rate, bit/s",
+    )
+    return plots.save(fig, folder, "xcosd-rate")
+
+
+# ============================================================================ quality
+
+
+def _quality_cells(config: Config, ctx: Context) -> list[Cell]:
+    cells = []
+    for dataset in config.quality_datasets:
+        task = ctx.prompts(dataset, config.prompts).task
+        if task not in METRICS:
+            raise ValueError(f"dataset {dataset!r} has no quality metric (task {task!r})")
+        for temperature in config.quality_temperatures:
+            for method in RATE_METHODS:
+                cells.append(
+                    generation_cell(
+                        config,
+                        ctx,
+                        "quality",
+                        method,
+                        dataset,
+                        temperature=temperature,
+                        max_new_tokens=config.task_tokens(task),
+                    )
+                )
+    return cells
+
+
+def _quality_table(lines: list[Line]) -> list[Row]:
+    """Score, bootstrap interval, and the paired interval of (method − target) per cell."""
+    from wanspec.protocols.registry import get_method
+
+    stats_of: dict[tuple[str, float, str], Any] = {}
+    for line in lines:
+        s, result = line["settings"], line["result"]
+        metric = METRICS[result["task"]]
+        outputs = [p["text"] for p in result["prompts"]]
+        golds = [p["gold"] for p in result["prompts"]]
+        stats_of[(s["dataset"]["name"], s["generation"]["temperature"], s["method"])] = (
+            metric,
+            metric.stats(outputs, golds),
+        )
+    rows = []
+    for (dataset, temperature, method), (metric, stats) in stats_of.items():
+        lo, hi = bootstrap_interval(metric, stats)
+        row = {
+            "dataset": dataset,
+            "T": temperature,
+            "method": method,
+            "lossless": get_method(method).lossless,
+            "metric": metric.name,
+            "score": metric.aggregate(stats),
+            "95% CI low": lo,
+            "95% CI high": hi,
+        }
+        reference = stats_of.get((dataset, temperature, REFERENCE_METHOD))
+        if reference is not None and method != REFERENCE_METHOD:
+            d_lo, d_hi = paired_difference_interval(metric, stats, reference[1])
+            row.update({"Δ vs ar low": d_lo, "Δ vs ar high": d_hi, "matches ar": d_lo <= 0 <= d_hi})
+        rows.append(row)
+    return rows
+
+
+def _quality_plot(rows: list[Row], folder: Path) -> list[Path]:
+    panels = [{**r, "panel": f"{r['dataset']} T={r['T']} ({r['metric']})"} for r in rows]
+    fig = plots.intervals(
+        panels,
+        facet="panel",
+        label="method",
+        value="score",
+        lo="95% CI low",
+        hi="95% CI high",
+        ylabel="score",
+    )
+    return plots.save(fig, folder, "quality")
+
+
+# ============================================================================ analysis
+
+ANALYSIS_RTT_S = 0.1
+ANALYSIS_EDGE_MS = 20.0  # flat profiles: every pass costs the same, so the cycle is exact
+ANALYSIS_CLOUD_MS = 35.0
+
+
+def _analysis_cells(config: Config, ctx: Context) -> list[Cell]:
+    return [
+        Cell(
+            f"α={alpha} γ={gamma}",
+            {
+                "experiment": "analysis",
+                "method": "xcosd",
+                "alpha": alpha,
+                "gamma": gamma,
+                "seeds": config.analysis_seeds,
+                "max_new_tokens": config.analysis_tokens,
+                "rtt_s": ANALYSIS_RTT_S,
+                "edge_ms": ANALYSIS_EDGE_MS,
+                "cloud_ms": ANALYSIS_CLOUD_MS,
+            },
+        )
+        for gamma in config.analysis_gammas
+        for alpha in config.alphas
+    ]
+
+
+@cache
+def _byte_vocabulary() -> tuple[Any, Any]:
+    """A small byte-level tokenizer and its identity alignment (trained once per process)."""
+    from wanspec.models.tiny import build_tokenizer
+    from wanspec.vocab import VocabAlignment
+
+    tokenizer = build_tokenizer("bytelevel", 300)
+    return tokenizer, VocabAlignment.identity(tokenizer)
+
+
+def synthetic_pair(alpha: float, seed: int) -> Any:
+    """The synthetic pair with i.i.d. acceptance α, as a `wanspec.Pair` (shared byte tokenizer)."""
+    import wanspec
+    from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
+
+    tokenizer, alignment = _byte_vocabulary()
+    spec = SyntheticSpec(alpha, vocab_size=alignment.target_width, seed=seed)
+    draft, target = SyntheticLM(spec, "draft"), SyntheticLM(spec, "target")
+    draft.tokenizer = target.tokenizer = tokenizer
+    return wanspec.Pair(target, draft, alignment, target.name, draft.name)
+
+
+def _flat_profile(name: str, ms: float) -> Any:
+    from wanspec.sim import load_profile
+
+    return load_profile({"name": name, "forward_ms": {"1": ms, "64": ms}})
+
+
+def _run_analysis_cell(cell: Cell, ctx: Context) -> dict[str, Any]:
+    import wanspec
+
+    s = cell.settings
+    runs = []
+    for seed in range(s["seeds"]):
+        res = wanspec.generate(
+            synthetic_pair(s["alpha"], seed),
+            "The edge drafts and the cloud verifies.",
+            s["method"],
+            link=wanspec.Link(bandwidth_bps=math.inf, rtt_s=s["rtt_s"]),
+            edge_profile=_flat_profile("edge-flat", s["edge_ms"]),
+            cloud_profile=_flat_profile("cloud-flat", s["cloud_ms"]),
+            gamma=s["gamma"],
+            max_new_tokens=s["max_new_tokens"],
+            seed=seed,
+            temperature=1.0,
+        )
+        runs.append(
+            {"accepted_per_round": res.stats["accepted_per_round"], "time_s": res.stats["time_s"]}
+        )
+    return {"runs": runs}
+
+
+def expected_length(alpha: float, gamma: int) -> float:
+    """(1 − α^γ)/(1 − α): E[L] for γ; with γ + 1, the tokens a stop-and-wait round yields."""
+    return float(gamma) if alpha == 1 else (1 - alpha**gamma) / (1 - alpha)
+
+
+def _mean(values: Sequence[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _analysis_table(lines: list[Line]) -> list[Row]:
+    rows = []
+    for line in lines:
+        s, runs = line["settings"], line["result"]["runs"]
+        alpha, gamma = s["alpha"], s["gamma"]
+        accepted = [a for r in runs for a in r["accepted_per_round"][:-1]]  # last round may be cut
+        e_l = expected_length(alpha, gamma)
+        cycle = gamma * s["edge_ms"] + 1e3 * s["rtt_s"] + s["cloud_ms"]
+        sim_l = _mean([min(a + 1, gamma) for a in accepted])
+        sim_cycle = 1e3 * _mean([r["time_s"] / len(r["accepted_per_round"]) for r in runs])
+        rows.append(
+            {
+                "alpha": alpha,
+                "gamma": gamma,
+                "rounds": len(accepted),
+                "E[L] formula": e_l,
+                "E[L] sim": sim_l,
+                "E[L] rel. error": sim_l / e_l - 1,
+                "tokens/round formula": expected_length(alpha, gamma + 1),
+                "tokens/round sim": _mean([a + 1 for a in accepted]),
+                "cycle ms formula": cycle,
+                "cycle ms sim": sim_cycle,
+                "cycle rel. error": sim_cycle / cycle - 1,
+            }
+        )
+    return rows
+
+
+def _analysis_plot(rows: list[Row], folder: Path) -> list[Path]:
+    return plots.save(plots.analysis_figure(rows, expected_length), folder, "analysis")
+
+
+# ============================================================================ registry
+
+EXPERIMENTS: dict[str, Experiment] = {
+    e.name: e
+    for e in [
+        Experiment(
+            "xcosd-bits",
+            "Communication load per generated token (X-CoSD Table 5, N = γ = 2)",
+            "Uplink and downlink bits per generated token of every heterogeneous-vocabulary "
+            "method, per dataset. *wire*: the exact encoded bytes wanspec sends (sparse "
+            "distributions where smaller; the one-off StartRequest and Close are left out). "
+            "*paper*: the same runs under X-CoSD's accounting (16 bits per probability over the "
+            "vocabulary a distribution lives on), counted from each run's events; the formulas "
+            "are in `wanspec.bench.accounting`.",
+            _bits_cells,
+            run_generation_cell,
+            _bits_table,
+            _bits_plot,
+        ),
+        Experiment(
+            "xcosd-rate",
+            "Throughput and per-token latency against the downlink rate (X-CoSD Figs.)",
+            "Tokens per second and mean per-token latency (request time / tokens) of the same "
+            "methods and the target alone (`ar`) as the downlink rate varies; uplink and RTT "
+            "fixed by the configuration. Speedup is against `ar` at the same rate.",
+            _rate_cells,
+            run_generation_cell,
+            _rate_table,
+            _rate_plot,
+        ),
+        Experiment(
+            "quality",
+            "Generation quality: lossless methods match the target model",
+            "BLEU (translation), ROUGE-2 (summaries), exact-match accuracy (math: final "
+            "number; multiple choice: letter), per method and temperature, with a 95% "
+            "bootstrap interval over prompts. *matches ar*: the paired-bootstrap interval of "
+            "(method − ar) holds 0, i.e. the method's quality equals the target model's within "
+            "sampling noise. Lossless methods must match; lossy ones (gr, tr, uhlm) may not.",
+            _quality_cells,
+            run_generation_cell,
+            _quality_table,
+            _quality_plot,
+        ),
+        Experiment(
+            "analysis",
+            "Analysis against the simulator (synthetic pair, i.i.d. acceptance α)",
+            "E[L] = (1−α^γ)/(1−α) (AceSpec's expected accepted length, measured as "
+            "E[min(A+1, γ)]), tokens per round (1−α^{γ+1})/(1−α), and the stop-and-wait cycle "
+            "T_draft(γ) + RTT + T_verify with flat profiles (edge 20 ms and cloud 35 ms per "
+            "pass, RTT 100 ms, unlimited bandwidth) against the discrete-event simulator.",
+            _analysis_cells,
+            _run_analysis_cell,
+            _analysis_table,
+            _analysis_plot,
+        ),
+    ]
+}
+
+
+def get_experiment(name: str) -> Experiment:
+    if name not in EXPERIMENTS:
+        raise ValueError(f"unknown experiment {name!r}; known: {', '.join(EXPERIMENTS)}")
+    return EXPERIMENTS[name]

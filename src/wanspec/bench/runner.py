@@ -1,0 +1,151 @@
+"""Resumable sweeps: an experiment is a list of cells; each finished cell is one JSON line.
+
+A cell's `settings` hold everything its result depends on (method, dataset and a digest of its
+prompts, models, profiles, link, generation settings …); their hash names the cell. A sweep skips
+every cell whose hash is already in `results.jsonl`, so an interrupted run continues where it
+stopped, and changing one setting recomputes exactly the cells whose settings contain it (method
+options live only in the cells of their method). Lines are only ever appended; readers take the
+last line per hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import time
+import warnings
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+RESULTS = "results.jsonl"
+
+
+def jsonable(value: Any) -> Any:
+    """Plain JSON values: numpy scalars become numbers, non-finite floats become null."""
+    if isinstance(value, dict):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "item") and callable(value.item):  # numpy scalar
+        value = value.item()
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
+
+
+def dumps(value: Any) -> str:
+    """Canonical JSON (sorted keys, no NaN): equal settings give equal text, hence equal hashes."""
+    return json.dumps(jsonable(value), sort_keys=True, ensure_ascii=False, allow_nan=False)
+
+
+def settings_hash(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(dumps(settings).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One point of a sweep: `key` says what it is, `settings` everything that determines it."""
+
+    key: str
+    settings: dict[str, Any]
+
+    @property
+    def hash(self) -> str:
+        return settings_hash(self.settings)
+
+
+@dataclass
+class SweepSummary:
+    ran: list[str]
+    skipped: list[str]
+    wall_s: float
+
+
+def read_results(folder: Path) -> dict[str, dict[str, Any]]:
+    """Every finished cell in `folder`, by settings hash (the last line of a hash wins)."""
+    path = Path(folder) / RESULTS
+    lines: dict[str, dict[str, Any]] = {}
+    if not path.exists():
+        return lines
+    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+        if not text.strip():
+            continue
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError:  # cut short by a kill mid-write: that cell runs again
+            warnings.warn(f"{path}:{number} is not JSON; ignored", stacklevel=2)
+            continue
+        lines[line["hash"]] = line
+    return lines
+
+
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line left unfinished by a kill mid-write (no final newline)."""
+    if not path.exists() or path.stat().st_size == 0:
+        return
+    with open(path, "rb+") as f:
+        f.seek(-1, 2)
+        if f.read(1) == b"\n":
+            return
+        f.seek(0)
+        data = f.read()
+        f.truncate(data.rfind(b"\n") + 1)
+
+
+def _append(folder: Path, line: dict[str, Any]) -> None:
+    path = Path(folder) / RESULTS
+    _drop_torn_tail(path)
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(dumps(line) + "\n")
+        f.flush()
+
+
+def run_sweep(
+    cells: Iterable[Cell],
+    folder: Path,
+    run_cell: Callable[[Cell], dict[str, Any]],
+    *,
+    description: str = "cells",
+    progress: bool = True,
+) -> SweepSummary:
+    """Run every cell not yet in `folder/results.jsonl`, appending one line per finished cell."""
+    cells = list(cells)
+    hashes = [c.hash for c in cells]
+    if len(set(hashes)) != len(hashes):
+        dupes = sorted({c.key for c in cells if hashes.count(c.hash) > 1})
+        raise ValueError(f"cells with identical settings: {dupes}")
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    done = read_results(folder)
+    todo = [c for c in cells if c.hash not in done]
+    began = time.perf_counter()
+    bar = tqdm(
+        total=len(cells), initial=len(cells) - len(todo), desc=description, disable=not progress
+    )
+    ran = []
+    for cell in todo:
+        bar.set_postfix_str(cell.key)
+        t0 = time.perf_counter()
+        result = run_cell(cell)
+        _append(
+            folder,
+            {
+                "hash": cell.hash,
+                "key": cell.key,
+                "settings": cell.settings,
+                "result": result,
+                "wall_s": round(time.perf_counter() - t0, 3),
+                "finished_at": datetime.now(UTC).isoformat(timespec="seconds"),
+            },
+        )
+        ran.append(cell.hash)
+        bar.update(1)
+    bar.close()
+    skipped = [h for h in hashes if h in done]
+    return SweepSummary(ran, skipped, time.perf_counter() - began)
