@@ -360,9 +360,11 @@ def wan_proxy(
 
 
 def _attach_optional_groups() -> None:
+    from wanspec.bench.cli import bench
     from wanspec.models.cli import models
 
     main.add_command(models)
+    main.add_command(bench)
 
 
 _attach_optional_groups()
