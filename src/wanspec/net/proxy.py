@@ -30,7 +30,7 @@ from wanspec.net.shaping import DirectionSpec, Shaper
 
 _MAX_CHUNK = 16 << 10  # bytes read from a sender at once
 _CHUNK_S = 0.010  # link time one read aims to cover (keeps bytes from waiting on later ones)
-_READ_AHEAD_S = 0.005  # start reading this long before the link runs dry (timer slack)
+_READ_AHEAD_S = 0.010  # start reading this long before the link runs dry (timer slack)
 _MIN_BUFFER = 256 << 10  # bytes held per direction, at least ...
 _MAX_BUFFER = 8 << 20  # ... and at most (an unlimited rate uses this)
 
