@@ -158,15 +158,26 @@ def resolve_model(
     downloader: Downloader | None = None,
 ) -> Path:
     """Local Hugging Face folder for a registry name (pulled on demand) or an existing folder."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        if (path / "config.json").is_file():
-            return path
-        raise ModelError(f"{path} is a folder but not a Hugging Face model (no config.json)")
+    folder = _local_folder(name_or_path, ("config.json",), "but not a Hugging Face model")
+    if folder is not None:
+        return folder
     name = str(name_or_path)
     if name not in MODELS and (os.sep in name or name.startswith(".")):
-        raise ModelError(f"no such model folder: {path}")
+        raise ModelError(f"no such model folder: {Path(name).expanduser()}")
     return pull(get_model(name).name, progress=progress, downloader=downloader).path
+
+
+def _local_folder(
+    name_or_path: str | os.PathLike[str], markers: tuple[str, ...], lacking: str
+) -> Path | None:
+    """The local folder `name_or_path` names, when it holds one of `markers`; None when it names
+    no folder (then it is a registry name); ModelError for a folder holding none of them."""
+    path = Path(name_or_path).expanduser()
+    if not path.is_dir():
+        return None
+    if any((path / marker).is_file() for marker in markers):
+        return path
+    raise ModelError(f"{path} is a folder {lacking} (no {markers[0]})")
 
 
 def pull(
@@ -275,11 +286,10 @@ def resolve_tokenizer_dir(
     downloader: Downloader | None = None,
 ) -> Path:
     """Folder holding the tokenizer for a family name, a registry model name or a local folder."""
-    path = Path(name_or_path).expanduser()
-    if path.is_dir():
-        if any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-            return path
-        raise ModelError(f"{path} is a folder without a tokenizer (no tokenizer.json)")
+    markers = ("tokenizer.json", "tokenizer_config.json")
+    folder = _local_folder(name_or_path, markers, "without a tokenizer")
+    if folder is not None:
+        return folder
     name = str(name_or_path)
     if name in TOKENIZER_FAMILIES:
         return tokenizer_dir(name, progress, downloader)
