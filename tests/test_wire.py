@@ -9,6 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from wanspec.sampling import quantize
 from wanspec.wire import (
     DEFAULT_LIMITS,
     PROB_SCALE,
@@ -388,9 +389,17 @@ def test_dist_drops_zero_counts_and_round_trips_dense() -> None:
     assert dist.total == PROB_SCALE
 
 
-def test_prob_scale_matches_sampling() -> None:
-    quant = pytest.importorskip("wanspec.sampling.quant")
-    assert quant.PROB_SCALE == PROB_SCALE
+@pytest.mark.parametrize("weights", [[0.0, 1.0, 0.0], [1.0, 2.0, 0.0, 4.0], np.arange(300.0)])
+def test_quantized_distributions_travel_as_complete_dists(weights: list[float]) -> None:
+    """sampling's quantize output is exactly what the wire calls complete and sends count for
+    count; a scale mismatch (65536 total, or a 65536 count that wraps in uint16) fails here."""
+    counts = quantize(np.asarray(weights))
+    msg = VerifyResult(0, 1, dist=Dist.from_dense(counts))
+    assert decode(encode(msg)).dist.to_dense().tolist() == counts.tolist()
+    one_short = counts.copy()
+    one_short[np.argmax(one_short)] -= 1
+    with pytest.raises(WireError, match=f"must be {PROB_SCALE}"):
+        encode(VerifyResult(0, 1, dist=Dist.from_dense(one_short)))
 
 
 # ----------------------------------------------------------------------------- decode-side checks
