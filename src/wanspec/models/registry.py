@@ -23,7 +23,6 @@ from wanspec.assets import (
     ARTIFACTS,
     Artifact,
     Downloader,
-    artifact_path,
     atomic_write_text,
     fetch,
 )
@@ -311,8 +310,3 @@ def load_tokenizer(
 
     folder = resolve_tokenizer_dir(name_or_path, progress, downloader)
     return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
-
-
-def gguf_path(name: str) -> Path:
-    """Where a registry model's GGUF lives once fetched (it may not be there yet)."""
-    return artifact_path(get_model(name).artifact)
