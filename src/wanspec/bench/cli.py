@@ -13,6 +13,14 @@ from wanspec.bench.experiments import EXPERIMENTS
 
 DEFAULT_OUT = "docs/results"
 
+_out_option = click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=DEFAULT_OUT,
+    show_default=True,
+    help="Output directory: one folder per experiment.",
+)
+
 
 @click.group()
 def bench() -> None:
@@ -52,12 +60,7 @@ def _experiment_command(name: str) -> click.Command:
         default="quick",
         show_default=True,
     )
-    @click.option(
-        "--out",
-        type=click.Path(file_okay=False, path_type=Path),
-        default=DEFAULT_OUT,
-        show_default=True,
-    )
+    @_out_option
     @click.option(
         "--datasets", help="Comma-separated dataset names or JSONL paths (all experiments' lists)."
     )
@@ -111,12 +114,7 @@ for _name in EXPERIMENTS:
 
 
 @bench.command()
-@click.option(
-    "--out",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=DEFAULT_OUT,
-    show_default=True,
-)
+@_out_option
 @click.option(
     "--output",
     type=click.Path(dir_okay=False, path_type=Path),

@@ -17,16 +17,9 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from wanspec.bench import plots
 from wanspec.bench.accounting import ACCOUNTED_METHODS, Events, Vocab, paper_bits
 from wanspec.bench.config import METHOD_OPTIONS, Config
 from wanspec.bench.context import Context, vocab_sizes
-from wanspec.bench.metrics import (
-    METRICS,
-    bootstrap_interval,
-    gold_answer,
-    paired_difference_interval,
-)
 from wanspec.bench.runner import Cell
 
 Line = dict[str, Any]
@@ -97,6 +90,7 @@ def generation_cell(
 def run_generation_cell(cell: Cell, ctx: Context) -> dict[str, Any]:
     """Every prompt of the cell through `wanspec.generate`; prompt i uses seed + i."""
     import wanspec
+    from wanspec.bench import metrics
 
     s = cell.settings
     pair = ctx.pair(s["target"], s["draft"])
@@ -123,7 +117,7 @@ def run_generation_cell(cell: Cell, ctx: Context) -> dict[str, Any]:
         )
         entry = {"id": record["id"], "text": res.text, "stats": res.stats}
         if prompts.task:
-            entry["gold"] = gold_answer(prompts.task, record)
+            entry["gold"] = metrics.gold_answer(prompts.task, record)
         results.append(entry)
     return {"vocab": vocab_sizes(pair), "task": prompts.task, "prompts": results}
 
@@ -204,6 +198,8 @@ def _bits_table(lines: list[Line]) -> list[Row]:
 
 
 def _bits_plot(rows: list[Row], folder: Path) -> list[Path]:
+    from wanspec.bench import plots  # matplotlib: only when drawing
+
     panels = [
         ("uplink wire", "uplink, wire"),
         ("uplink paper", "uplink, paper accounting"),
@@ -270,6 +266,8 @@ def _rate_table(lines: list[Line]) -> list[Row]:
 
 
 def _rate_plot(rows: list[Row], folder: Path) -> list[Path]:
+    from wanspec.bench import plots  # matplotlib: only when drawing
+
     fig = plots.lines_vs(
         rows,
         x="downlink bps",
@@ -288,10 +286,12 @@ def _rate_plot(rows: list[Row], folder: Path) -> list[Path]:
 
 
 def _quality_cells(config: Config, ctx: Context) -> list[Cell]:
+    from wanspec.bench import metrics  # numpy: kept off the command line's start-up
+
     cells = []
     for dataset in config.quality_datasets:
         task = ctx.prompts(dataset, config.prompts).task
-        if task not in METRICS:
+        if task not in metrics.METRICS:
             raise ValueError(f"dataset {dataset!r} has no quality metric (task {task!r})")
         for temperature in config.quality_temperatures:
             for method in RATE_METHODS:
@@ -311,12 +311,13 @@ def _quality_cells(config: Config, ctx: Context) -> list[Cell]:
 
 def _quality_table(lines: list[Line]) -> list[Row]:
     """Score, bootstrap interval, and the paired interval of (method − target) per cell."""
+    from wanspec.bench import metrics
     from wanspec.protocols.registry import get_method
 
     stats_of: dict[tuple[str, float, str], Any] = {}
     for line in lines:
         s, result = line["settings"], line["result"]
-        metric = METRICS[result["task"]]
+        metric = metrics.METRICS[result["task"]]
         outputs = [p["text"] for p in result["prompts"]]
         golds = [p["gold"] for p in result["prompts"]]
         stats_of[(s["dataset"]["name"], s["generation"]["temperature"], s["method"])] = (
@@ -325,7 +326,7 @@ def _quality_table(lines: list[Line]) -> list[Row]:
         )
     rows = []
     for (dataset, temperature, method), (metric, stats) in stats_of.items():
-        lo, hi = bootstrap_interval(metric, stats)
+        lo, hi = metrics.bootstrap_interval(metric, stats)
         row = {
             "dataset": dataset,
             "T": temperature,
@@ -338,13 +339,15 @@ def _quality_table(lines: list[Line]) -> list[Row]:
         }
         reference = stats_of.get((dataset, temperature, REFERENCE_METHOD))
         if reference is not None and method != REFERENCE_METHOD:
-            d_lo, d_hi = paired_difference_interval(metric, stats, reference[1])
+            d_lo, d_hi = metrics.paired_difference_interval(metric, stats, reference[1])
             row.update({"Δ vs ar low": d_lo, "Δ vs ar high": d_hi, "matches ar": d_lo <= 0 <= d_hi})
         rows.append(row)
     return rows
 
 
 def _quality_plot(rows: list[Row], folder: Path) -> list[Path]:
+    from wanspec.bench import plots  # matplotlib: only when drawing
+
     panels = [{**r, "panel": f"{r['dataset']} T={r['T']} ({r['metric']})"} for r in rows]
     fig = plots.intervals(
         panels,
@@ -476,6 +479,8 @@ def _analysis_table(lines: list[Line]) -> list[Row]:
 
 
 def _analysis_plot(rows: list[Row], folder: Path) -> list[Path]:
+    from wanspec.bench import plots  # matplotlib: only when drawing
+
     return plots.save(plots.analysis_figure(rows, expected_length), folder, "analysis")
 
 
