@@ -10,7 +10,7 @@ import torch
 
 from wanspec.models.lm import LanguageModel
 from wanspec.models.synthetic import SyntheticLM, SyntheticSpec, synthetic_pair
-from wanspec.sampling.quant import quantize
+from wanspec.sampling import quantize, sample, sample_residual, verify_chain
 
 
 def probs(logits: torch.Tensor) -> np.ndarray:
@@ -125,51 +125,46 @@ def test_overlap_is_alpha_at_every_position_even_quantised(alpha: float) -> None
         assert np.count_nonzero(np.isclose(row_q, row_q.max())) == 1  # unique greedy token
 
 
-def sample(row: np.ndarray, rng: np.random.Generator) -> int:
-    return min(int(np.searchsorted(np.cumsum(row), rng.random() * row.sum())), len(row) - 1)
-
-
 def speculative_rounds(alpha: float, gamma: int, rounds: int, seed: int) -> tuple[int, int, int]:
-    """Standard speculative sampling at temperature 1; returns (drafted, accepted, full rounds)."""
+    """Speculative sampling at temperature 1 with wanspec's own sampling floor: quantised p and q,
+    `sample` for drafts, `verify_chain` for the acceptance tests, the residual or the bonus after.
+    Returns (tokens tested, tokens accepted, rounds accepted in full)."""
     draft, target = synthetic_pair(alpha, vocab_size=400, seed=seed)
     rng = np.random.default_rng(seed)
-    p_next = probs(draft.prefill([1, 2, 3]))[-1]  # distributions after the committed prefix
-    q_next = probs(target.prefill([1, 2, 3]))[-1]
-    drafted = accepted = full = 0
+    p_next = quantize(probs(draft.prefill([1, 2, 3]))[-1])  # after the committed prefix
+    q_next = quantize(probs(target.prefill([1, 2, 3]))[-1])
+    tested = accepted = full = 0
     for _ in range(rounds):
         start = draft.length
         p_rows, tokens = [p_next], []
         for _ in range(gamma):
             tokens.append(sample(p_rows[-1], rng))
-            p_rows.append(probs(draft.extend(tokens[-1:]))[0])
-        q_rows = np.vstack([q_next, probs(target.extend(tokens))])
-        n_ok = 0
-        while (
-            n_ok < gamma and rng.random() < q_rows[n_ok, tokens[n_ok]] / p_rows[n_ok][tokens[n_ok]]
-        ):
-            n_ok += 1
-        drafted += min(n_ok + 1, gamma)
+            p_rows.append(quantize(probs(draft.extend(tokens[-1:]))[0]))
+        q_rows = [q_next, *(quantize(row) for row in probs(target.extend(tokens)))]
+        draft_counts = [int(row[x]) for row, x in zip(p_rows, tokens, strict=False)]
+        n_ok = verify_chain(tokens, draft_counts, q_rows, rng)
+        tested += min(n_ok + 1, gamma)
         accepted += n_ok
         full += n_ok == gamma
         if n_ok == gamma:
             extra = sample(q_rows[gamma], rng)
         else:
-            extra = sample(np.maximum(q_rows[n_ok] - p_rows[n_ok], 0), rng)
+            extra = sample_residual(q_rows[n_ok], p_rows[n_ok], rng)
         keep = [*tokens[:n_ok], extra]
         draft.truncate(start)
-        p_next = probs(draft.extend(keep))[-1]
+        p_next = quantize(probs(draft.extend(keep))[-1])
         target.truncate(start)
-        q_next = probs(target.extend(keep))[-1]
-    return drafted, accepted, full
+        q_next = quantize(probs(target.extend(keep))[-1])
+    return tested, accepted, full
 
 
 @pytest.mark.parametrize("alpha", [0.4, 0.75])
 def test_empirical_acceptance_rate_is_alpha(alpha: float) -> None:
     gamma, rounds = 4, 1500
-    drafted, accepted, full = speculative_rounds(alpha, gamma, rounds, seed=int(alpha * 100))
-    # acceptances before the first rejection are Bernoulli(α) trials
-    rate = accepted / drafted
-    assert abs(rate - alpha) < 4 * math.sqrt(alpha * (1 - alpha) / drafted)
+    tested, accepted, full = speculative_rounds(alpha, gamma, rounds, seed=int(alpha * 100))
+    # every acceptance test is a Bernoulli(α) trial: the overlap of p and q is α at each position
+    rate = accepted / tested
+    assert abs(rate - alpha) < 4 * math.sqrt(alpha * (1 - alpha) / tested)
     p_full = alpha**gamma
     assert abs(full / rounds - p_full) < 4 * math.sqrt(p_full * (1 - p_full) / rounds)
     expected_len = (1 - alpha**gamma) / (1 - alpha) * alpha  # E[accepted] = Σ_{k=1..γ} α^k
