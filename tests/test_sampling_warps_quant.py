@@ -1,15 +1,12 @@
-"""Warps match transformers' logits processors; quantisation and integer sampling are exact."""
+"""Warps match transformers' logits processors (quantize, sample and bernoulli: exact tests in
+test_sampling_quant_exact.py)."""
 
 from __future__ import annotations
 
 import math
 
-import numpy as np
 import pytest
 import torch
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from scipy import stats
 from transformers.generation.logits_process import (
     LogitsProcessorList,
     TemperatureLogitsWarper,
@@ -17,7 +14,7 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-from wanspec.sampling import PROB_SCALE, SamplingParams, bernoulli, quantize, sample, warp_probs
+from wanspec.sampling import SamplingParams, warp_probs
 from wanspec.sampling.warps import warp_logits
 
 
@@ -72,41 +69,3 @@ def test_greedy_is_one_hot_first_argmax() -> None:
 def test_bad_sampling_params_are_rejected(kwargs: dict) -> None:
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)
-
-
-@settings(max_examples=200, deadline=None)
-@given(st.lists(st.floats(0, 1e6, allow_nan=False), min_size=1, max_size=64))
-def test_quantize_sums_exactly_and_bounds_error(weights: list[float]) -> None:
-    probs = np.asarray(weights)
-    if probs.sum() <= 0:
-        with pytest.raises(ValueError):
-            quantize(probs)
-        return
-    counts = quantize(probs)
-    assert counts.sum() == PROB_SCALE
-    assert counts.min() >= 0 and counts.max() <= PROB_SCALE
-    error = np.abs(counts / PROB_SCALE - probs / probs.sum())
-    assert error.max() < 1.0 / PROB_SCALE + 1e-12
-
-
-def test_quantize_keeps_one_hot_and_rejects_bad_input() -> None:
-    assert quantize(np.array([0.0, 1.0, 0.0])).tolist() == [0, PROB_SCALE, 0]
-    for bad in (np.array([0.5, np.nan]), np.array([-0.1, 1.1]), np.zeros((2, 2))):
-        with pytest.raises(ValueError):
-            quantize(bad)
-
-
-def test_integer_sampler_matches_counts_chi_square() -> None:
-    rng = np.random.default_rng(0)
-    counts = quantize(np.array([0.5, 0.2, 0.15, 0.1, 0.05, 0.0]))
-    draws = np.bincount([sample(counts, rng) for _ in range(60_000)], minlength=6)
-    assert draws[5] == 0
-    expected = counts[:5] / PROB_SCALE * draws.sum()
-    assert stats.chisquare(draws[:5], expected).pvalue > 1e-3
-
-
-def test_bernoulli_is_exact_rational() -> None:
-    rng = np.random.default_rng(3)
-    hits = sum(bernoulli(3, 7, rng) for _ in range(70_000))
-    assert abs(hits / 70_000 - 3 / 7) < 0.01
-    assert bernoulli(0, 5, rng) is False and bernoulli(5, 5, rng) is True
