@@ -244,6 +244,8 @@ def test_srdv_accepts_o_candidates_always_and_rejects_when_p_dominates() -> None
     assert rng.draws == []  # certain outcomes draw nothing
     with pytest.raises(ValueError, match="positive target"):
         srdv_edge_verify((2,), (0,), p, rng)
+    with pytest.raises(ValueError):  # ids and their counts must line up
+        srdv_edge_verify((0, 2), (4,), p, rng)
 
 
 # ----------------------------------------------------------------------------- planted bugs
@@ -353,8 +355,44 @@ def test_tr_truncation_keeps_the_top_k_ids_ascending() -> None:
     assert ids.tolist() == [1, 3, 4] and counts.tolist() == [5, 3, 2]
     ids, counts = truncate_top_k(np.array([0, 5, 0, 3]), 10)  # k clipped to the support
     assert ids.tolist() == [1, 3] and counts.tolist() == [5, 3]
+    for k, top in [(1, [1]), (2, [1, 3]), (4, [0, 1, 3, 4])]:
+        ids, counts = truncate_top_k(np.array([1, 5, 0, 3, 2, 0]), k)
+        assert ids.tolist() == top, k
     with pytest.raises(ValueError, match="k >= 1"):
         truncate_top_k(np.array([1, 2]), 0)
+
+
+class RecordingRng:
+    """U-HLM draws temperatures with `uniform` and tokens with `choice`: script and record both."""
+
+    def __init__(self, etas: list[float], tokens: list[int]) -> None:
+        self.etas, self.tokens = iter(etas), iter(tokens)
+        self.uniform_args: list[tuple[float, float]] = []
+        self.choice_probs: list[np.ndarray] = []
+
+    def uniform(self, low: float, high: float) -> float:
+        self.uniform_args.append((low, high))
+        return next(self.etas)
+
+    def choice(self, n: int, p: np.ndarray) -> int:
+        assert n == len(p)
+        self.choice_probs.append(p)
+        return next(self.tokens)
+
+
+def test_uhlm_uncertainty_is_the_share_of_perturbed_samples_that_disagree() -> None:
+    """Defaults E = 20, η_max = 2 (U-HLM); η = 0 means η_max; −inf logits are never drawn."""
+    logits = np.array([2.0, 0.0, -np.inf, 1.0])
+    drawn = [0] * 15 + [3] * 5
+    rng = RecordingRng([0.0, 0.5] + [1.0] * 18, drawn)
+    assert uhlm_uncertainty(logits, 0, rng) == 5 / 20
+    assert rng.uniform_args == [(0.0, 2.0)] * 20
+    for probs, eta in zip(rng.choice_probs[:2], (2.0, 0.5), strict=True):
+        expected = np.exp(np.where(np.isfinite(logits), logits / eta, -np.inf))
+        np.testing.assert_allclose(probs, expected / expected.sum(), rtol=1e-12)
+    rng = RecordingRng([1.0] * 3, [1, 1, 3])
+    assert uhlm_uncertainty(logits, 1, rng, samples=3, eta_max=4.0) == 1 / 3
+    assert rng.uniform_args == [(0.0, 4.0)] * 3
 
 
 # ----------------------------------------------------------------------------- temperature 0

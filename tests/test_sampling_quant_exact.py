@@ -116,6 +116,7 @@ def test_verify_chain_skips_unverified_tokens_without_drawing() -> None:
 def test_verify_chain_accepts_everything_with_the_bonus_distribution_present() -> None:
     dists = [np.array([5, 0]), np.array([0, 5]), np.array([2, 3])]
     assert verify_chain([0, 1], [5, 5], dists, ScriptedRng()) == 2
+    assert verify_chain([0, 1], [5, 5], dists[:2], ScriptedRng()) == 2  # no bonus row: fine
     assert verify_chain([], [], dists[:1], ScriptedRng()) == 0
 
 
