@@ -119,8 +119,10 @@ def typical(samples: list[float]) -> float:
     return float(np.percentile(samples, 25))
 
 
-async def _stamped_ping_pong(proxy: WanProxy, rounds: int) -> list[tuple[float, float, float]]:
-    """(sent, arrived at server, back at client) per ping, on the loop's clock."""
+async def _stamped_ping_pong(
+    up: DirectionSpec, down: DirectionSpec, rounds: int, seed: int = 0
+) -> tuple[list[tuple[float, float, float]], WanProxy]:
+    """(sent, arrived at server, back at client) per ping on the loop's clock, and the proxy."""
     loop = asyncio.get_running_loop()
     arrivals: asyncio.Queue[float] = asyncio.Queue()
 
@@ -130,24 +132,24 @@ async def _stamped_ping_pong(proxy: WanProxy, rounds: int) -> list[tuple[float, 
             writer.write(data)
         writer.close()
 
-    async with tcp_server(stamp) as upstream:
-        proxy.upstream = upstream
-        async with proxy:
-            reader, writer = await asyncio.open_connection(*proxy.address)
-            times = []
-            for k in range(rounds):
-                sent = loop.time()
-                writer.write(struct.pack("<Q", k))
-                assert await reader.readexactly(8) == struct.pack("<Q", k)
-                times.append((sent, await arrivals.get(), loop.time()))
-            writer.close()
-    return times
+    async with (
+        tcp_server(stamp) as upstream,
+        WanProxy(LOCAL, upstream, up, down, seed=seed) as proxy,
+    ):
+        reader, writer = await asyncio.open_connection(*proxy.address)
+        times = []
+        for k in range(rounds):
+            sent = loop.time()
+            writer.write(struct.pack("<Q", k))
+            assert await reader.readexactly(8) == struct.pack("<Q", k)
+            times.append((sent, await arrivals.get(), loop.time()))
+        writer.close()
+    return times, proxy
 
 
 def test_one_way_delays_and_round_trip_match_the_settings() -> None:
     up, down = DirectionSpec(delay_s=0.030), DirectionSpec(delay_s=0.020)
-    proxy = WanProxy(LOCAL, LOCAL, up, down)
-    times = run(_stamped_ping_pong(proxy, rounds=31))
+    times, _ = run(_stamped_ping_pong(up, down, rounds=31))
     ups = [mid - sent for sent, mid, _ in times]
     downs = [back - mid for _, mid, back in times]
     rtts = [back - sent for sent, _, back in times]
@@ -223,8 +225,7 @@ def test_jitter_never_reorders_nor_delivers_early() -> None:
 def test_loss_shows_as_retransmission_delay_on_about_loss_fraction() -> None:
     rto, loss, rounds = 0.060, 0.2, 100
     up = DirectionSpec(delay_s=0.002, loss=loss, rto_s=rto)
-    proxy = WanProxy(LOCAL, LOCAL, up, DirectionSpec(delay_s=0.002), seed=7)
-    times = run(_stamped_ping_pong(proxy, rounds=rounds))
+    times, proxy = run(_stamped_ping_pong(up, DirectionSpec(delay_s=0.002), rounds, seed=7))
     one_way = np.array([mid - sent for sent, mid, _ in times])
     delayed = one_way > 0.002 + rto / 2
     assert delayed.sum() == proxy.connections[0].up.delayed_chunks  # one chunk per ping
