@@ -5,14 +5,17 @@ from __future__ import annotations
 import json
 import math
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import pytest
 
+from wanspec.models.jobs import ComputeCost
 from wanspec.protocols.base import (
+    Cancel,
     Compute,
-    ComputeCost,
     ComputeDone,
     Emit,
     Finish,
@@ -35,6 +38,21 @@ from wanspec.sim import (
 
 
 # ============================================================================ toy messages/machines
+@dataclass(frozen=True)
+class Thunk:
+    """A toy job: its cost, and a function the toy executor calls for its result."""
+
+    cost: ComputeCost
+    fn: Callable[[], Any] = field(compare=False)
+
+
+def run_thunk(job: Thunk) -> Any:
+    return job.fn()
+
+
+EXECUTORS = {"edge_executor": run_thunk, "cloud_executor": run_thunk}
+
+
 @dataclass(frozen=True)
 class Ping:
     k: int
@@ -93,7 +111,7 @@ class DraftEdge:
 
     def draft(self) -> list[Compute]:
         cost = ComputeCost("forward", n=1, context=10, passes=self.gamma)
-        return [Compute("draft", cost, lambda: ("drafted", self.done))]
+        return [Compute(self.done, Thunk(cost, lambda: ("drafted", self.done)), "draft")]
 
     def handle(self, event):
         if isinstance(event, Start):
@@ -115,7 +133,8 @@ class VerifyCloud:
     def handle(self, event):
         if isinstance(event, MessageReceived):
             self.pending.append(event.msg.k)
-            return [Compute("verify", ComputeCost("forward", n=self.gamma + 1), lambda: None)]
+            cost = ComputeCost("forward", n=self.gamma + 1)
+            return [Compute(event.msg.k, Thunk(cost, lambda: None), "verify")]
         if isinstance(event, ComputeDone):
             return [Send(Pong(self.pending.pop(0), self.bits))]
         return []
@@ -372,7 +391,7 @@ def test_measured_profile_charges_wall_time() -> None:
 def test_ping_pong_exact_virtual_timing() -> None:
     link = Link(bandwidth_bps=1e6, rtt_s=0.05, uplink_bps=2e5)
     edge, cloud = PingEdge(rounds=4, bits=2000), PongCloud(bits=10_000)
-    res = simulate(edge, cloud, link, flat(1.0), flat(1.0), size_fn=toy_bits)
+    res = simulate(edge, cloud, link, flat(1.0), flat(1.0), size_fn=toy_bits, **EXECUTORS)
     round_trip = 2000 / 2e5 + 0.025 + 10_000 / 1e6 + 0.025
     assert res.duration_s == pytest.approx(4 * round_trip, abs=1e-12)
     assert [r.t for r in res.emits] == pytest.approx([k * round_trip for k in range(1, 5)])
@@ -391,7 +410,7 @@ def test_compute_then_send_exact_timing_and_results_fed_back() -> None:
     link = Link(bandwidth_bps=1e6, rtt_s=0.1)
     edge, cloud = DraftEdge(rounds, gamma, bits=1000), VerifyCloud(gamma, bits=3000)
     edge_prof = TableProfile("e", Curve((1.0,), (20.0,)), context_ms_per_token=0.5)
-    res = simulate(edge, cloud, link, edge_prof, LINEAR, size_fn=toy_bits, trace=True)
+    res = simulate(edge, cloud, link, edge_prof, LINEAR, size_fn=toy_bits, **EXECUTORS, trace=True)
     t_draft = (gamma * 20.0 + 0.5 * (10 + 11 + 12 + 13)) / 1000  # the cache grows each pass
     t_verify = (10.0 + 2.0 * gamma) / 1000
     per_round = t_draft + 0.001 + 0.05 + t_verify + 0.003 + 0.05
@@ -413,8 +432,8 @@ def test_compute_then_send_exact_timing_and_results_fed_back() -> None:
 def test_computations_on_one_side_run_serially_fifo() -> None:
     journal: list = []
     jobs = [
-        Compute("a", ComputeCost("forward", n=1), lambda: "A"),
-        Compute("b", ComputeCost("forward", n=3), lambda: "B"),
+        Compute(0, Thunk(ComputeCost("forward", n=1), lambda: "A")),
+        Compute(1, Thunk(ComputeCost("forward", n=3), lambda: "B")),
     ]
     edge = Scripted("edge", jobs, journal)
 
@@ -422,7 +441,7 @@ def test_computations_on_one_side_run_serially_fifo() -> None:
         journal.append(("edge", event))
         if isinstance(event, Start):
             return list(jobs)
-        return [Finish("done")] if event.tag == "b" else []
+        return [Finish("done")] if event.job_id == 1 else []
 
     edge.handle = finish_after_b
     res = simulate(
@@ -432,10 +451,11 @@ def test_computations_on_one_side_run_serially_fifo() -> None:
         LINEAR,
         LINEAR,
         size_fn=toy_bits,
+        **EXECUTORS,
         trace=True,
     )
-    done = [(rec.t, rec.info["tag"]) for rec in res.trace if rec.what == "compute_end"]
-    assert done == [(pytest.approx(0.010), "a"), (pytest.approx(0.024), "b")]
+    done = [(rec.t, rec.info["job_id"]) for rec in res.trace if rec.what == "compute_end"]
+    assert done == [(pytest.approx(0.010), 0), (pytest.approx(0.024), 1)]
     assert [e.result for _, e in journal if isinstance(e, ComputeDone)] == ["A", "B"]
     assert res.duration_s == pytest.approx(0.024)
 
@@ -444,7 +464,13 @@ def test_start_goes_to_cloud_then_edge() -> None:
     journal: list = []
     edge = Scripted("edge", [Finish("stop")], journal)
     res = simulate(
-        edge, Scripted("cloud", [], journal), Link(1e6, 0.1), LINEAR, LINEAR, size_fn=toy_bits
+        edge,
+        Scripted("cloud", [], journal),
+        Link(1e6, 0.1),
+        LINEAR,
+        LINEAR,
+        size_fn=toy_bits,
+        **EXECUTORS,
     )
     assert [side for side, _ in journal] == ["cloud", "edge"]
     assert res.duration_s == 0.0 and res.tokens == [] and res.ttft_s is None
@@ -462,6 +488,7 @@ def test_deadlock_is_detected() -> None:
             LINEAR,
             LINEAR,
             size_fn=lambda m: 0,
+            **EXECUTORS,
         )
 
 
@@ -469,12 +496,26 @@ def test_max_time_and_max_events() -> None:
     link = Link(1e6, rtt_s=0.1)
     with pytest.raises(SimulationTimeout, match="max_time=1"):
         simulate(
-            PingEdge(10**9, 8), PongCloud(8), link, LINEAR, LINEAR, size_fn=toy_bits, max_time=1.0
+            PingEdge(10**9, 8),
+            PongCloud(8),
+            link,
+            LINEAR,
+            LINEAR,
+            size_fn=toy_bits,
+            **EXECUTORS,
+            max_time=1.0,
         )
     zero = Link(math.inf, rtt_s=0.0)
     with pytest.raises(SimulationTimeout, match="max_events=500"):
         simulate(
-            PingEdge(10**9, 8), PongCloud(8), zero, LINEAR, LINEAR, size_fn=toy_bits, max_events=500
+            PingEdge(10**9, 8),
+            PongCloud(8),
+            zero,
+            LINEAR,
+            LINEAR,
+            size_fn=toy_bits,
+            **EXECUTORS,
+            max_events=500,
         )
 
 
@@ -488,6 +529,7 @@ def test_identical_seeds_give_identical_runs() -> None:
             LINEAR,
             LINEAR,
             size_fn=toy_bits,
+            **EXECUTORS,
             trace=True,
         )
 
@@ -503,12 +545,18 @@ def test_measured_profile_charges_real_run_time() -> None:
         return 1
 
     journal: list = []
-    edge = Scripted("edge", [Compute("slow", ComputeCost("cpu"), slow)], journal)
+    edge = Scripted("edge", [Compute(0, Thunk(ComputeCost("cpu"), slow))], journal)
     edge.handle = lambda ev: (
-        [Compute("slow", ComputeCost("cpu"), slow)] if isinstance(ev, Start) else [Finish("x")]
+        [Compute(0, Thunk(ComputeCost("cpu"), slow))] if isinstance(ev, Start) else [Finish("x")]
     )
     res = simulate(
-        edge, Scripted("cloud", [], journal), Link(1e6, 0.0), "measured", LINEAR, size_fn=toy_bits
+        edge,
+        Scripted("cloud", [], journal),
+        Link(1e6, 0.0),
+        "measured",
+        LINEAR,
+        size_fn=toy_bits,
+        **EXECUTORS,
     )
     assert 0.03 <= res.duration_s < 1.0
     assert res.compute_busy_s["edge"] == res.duration_s
@@ -519,18 +567,40 @@ def test_bad_machines_and_actions_are_reported() -> None:
     link = Link(1e6, 0.0)
     bad_action = Scripted("edge", ["not an action"], journal)
     with pytest.raises(TypeError, match="unknown action"):
-        simulate(bad_action, Scripted("cloud", [], journal), link, LINEAR, LINEAR, size_fn=toy_bits)
+        simulate(
+            bad_action,
+            Scripted("cloud", [], journal),
+            link,
+            LINEAR,
+            LINEAR,
+            size_fn=toy_bits,
+            **EXECUTORS,
+        )
     no_list = Scripted("edge", [], journal)
     no_list.handle = lambda ev: None
     with pytest.raises(TypeError, match="must return a list"):
-        simulate(no_list, Scripted("cloud", [], journal), link, LINEAR, LINEAR, size_fn=toy_bits)
+        simulate(
+            no_list,
+            Scripted("cloud", [], journal),
+            link,
+            LINEAR,
+            LINEAR,
+            size_fn=toy_bits,
+            **EXECUTORS,
+        )
     sender = Scripted("edge", [Send(Ping(0, 8))], journal)
     with pytest.raises(ValueError, match=r"size_fn gave 1\.5"):
         simulate(
-            sender, Scripted("cloud", [], journal), link, LINEAR, LINEAR, size_fn=lambda m: 1.5
+            sender,
+            Scripted("cloud", [], journal),
+            link,
+            LINEAR,
+            LINEAR,
+            size_fn=lambda m: 1.5,
+            **EXECUTORS,
         )
     with pytest.raises(TypeError, match="no handle"):
-        simulate(object(), Scripted("cloud", [], journal), link, LINEAR, LINEAR)
+        simulate(object(), Scripted("cloud", [], journal), link, LINEAR, LINEAR, **EXECUTORS)
 
 
 def test_errors_inside_machines_carry_the_virtual_time() -> None:
@@ -538,18 +608,24 @@ def test_errors_inside_machines_carry_the_virtual_time() -> None:
         raise RuntimeError("model exploded")
 
     journal: list = []
-    edge = Scripted("edge", [Compute("x", ComputeCost("cpu"), boom)], journal)
+    edge = Scripted("edge", [Compute(7, Thunk(ComputeCost("cpu"), boom), "x")], journal)
     with pytest.raises(RuntimeError, match="model exploded") as info:
         simulate(
-            edge, Scripted("cloud", [], journal), Link(1e6, 0.0), LINEAR, LINEAR, size_fn=toy_bits
+            edge,
+            Scripted("cloud", [], journal),
+            Link(1e6, 0.0),
+            LINEAR,
+            LINEAR,
+            size_fn=toy_bits,
+            **EXECUTORS,
         )
-    assert any("edge compute 'x' at t=0" in note for note in info.value.__notes__)
+    assert any("edge compute x #7 at t=0" in note for note in info.value.__notes__)
 
 
 def test_default_message_size_is_the_exact_wire_encoding() -> None:
     from wanspec import wire
 
-    draft = wire.Draft(round=0, tokens=(5, 300, 70_000), probs=(65535, 123, 9))
+    draft = wire.Draft(round=0, base=0, tokens=(5, 300, 70_000), probs=(65535, 123, 9))
 
     class Edge:
         def handle(self, event):
@@ -559,7 +635,39 @@ def test_default_message_size_is_the_exact_wire_encoding() -> None:
         def handle(self, event):
             return [Send(wire.Close("bye"))] if isinstance(event, MessageReceived) else []
 
-    res = simulate(Edge(), Cloud(), Link(1e4, rtt_s=0.0), LINEAR, LINEAR)
+    res = simulate(Edge(), Cloud(), Link(1e4, rtt_s=0.0), LINEAR, LINEAR, **EXECUTORS)
     up, down = 8 * len(wire.encode(draft)), 8 * len(wire.encode(wire.Close("bye")))
     assert res.bits == {"up": up, "down": down}
     assert res.duration_s == pytest.approx((up + down) / 1e4)
+
+
+def test_cancel_drops_a_queued_job_and_the_result_of_a_running_one() -> None:
+    ran: list[str] = []
+    journal: list = []
+
+    def job(name: str, n: int) -> Thunk:
+        return Thunk(ComputeCost("forward", n=n), lambda: ran.append(name) or name)
+
+    class Canceller:
+        side = "edge"
+
+        def handle(self, event):
+            journal.append(event)
+            if isinstance(event, Start):  # 0 starts at once; 1, 2 and 3 wait in line
+                jobs = [Compute(k, job(f"j{k}", 1 + (k == 3))) for k in range(4)]
+                return [*jobs, Cancel(1), Send(Ping(0, 8))]
+            if isinstance(event, MessageReceived):  # the pong arrives while j0 runs
+                return [Cancel(0)]
+            if isinstance(event, ComputeDone) and event.job_id == 3:
+                return [Finish("done")]
+            return []
+
+    res = simulate(
+        Canceller(), PongCloud(8), Link(1e6, 0.0), LINEAR, LINEAR,
+        size_fn=toy_bits, trace=True, **EXECUTORS,
+    )  # fmt: skip
+    assert ran == ["j0", "j2", "j3"]  # j1 never ran; j0 was running when cancelled
+    delivered = [e.job_id for e in journal if isinstance(e, ComputeDone)]
+    assert delivered == [2, 3]  # j0's result was dropped
+    assert res.computes["edge"] == 3
+    assert res.duration_s == pytest.approx(0.010 + 0.010 + 0.012)

@@ -12,9 +12,9 @@ import math
 import numpy as np
 import pytest
 
+from wanspec.models.jobs import ComputeCost, session_executor
 from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
 from wanspec.models.tiny import build_tokenizer
-from wanspec.protocols.base import ComputeCost
 from wanspec.protocols.registry import build_machines
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sim import Link, load_profile, simulate
@@ -32,10 +32,11 @@ def alignment() -> VocabAlignment:
 
 def _run(alignment: VocabAlignment, alpha: float, gamma: int, seed: int):
     spec = SyntheticSpec(alpha, vocab_size=alignment.target_width, seed=seed)
+    draft, target = SyntheticLM(spec, "draft"), SyntheticLM(spec, "target")
     edge, cloud = build_machines(
         "xcosd",
-        draft_lm=SyntheticLM(spec, "draft"),
-        target_lm=SyntheticLM(spec, "target"),
+        draft_lm=draft,
+        target_lm=target,
         alignment=alignment,
         draft_encode=lambda _: [1, 2, 3],
         target_encode=lambda _: [1, 2, 3],
@@ -44,7 +45,8 @@ def _run(alignment: VocabAlignment, alpha: float, gamma: int, seed: int):
         settings=GenerationSettings(gamma=gamma, max_new_tokens=400, seed=seed, temperature=1.0),
     )
     link = Link(bandwidth_bps=math.inf, rtt_s=RTT)
-    return simulate(edge, cloud, link, EDGE, CLOUD), edge
+    executors = dict(edge_executor=session_executor(draft), cloud_executor=session_executor(target))
+    return simulate(edge, cloud, link, EDGE, CLOUD, **executors), edge
 
 
 @pytest.mark.parametrize(("alpha", "gamma"), [(0.5, 4), (0.8, 6), (0.3, 2)])

@@ -151,13 +151,11 @@ def verify_results(draw: st.DrawFn) -> VerifyResult:
 @st.composite
 def drafts(draw: st.DrawFn) -> Draft:
     tokens = draw(st.lists(TOKEN_ID, max_size=12))
-    positions = draw(st.none() | st.sets(st.integers(0, max(len(tokens) - 1, 0))))
-    if positions is not None:
-        positions = tuple(sorted(p for p in positions if p < len(tokens)))
-    n = len(tokens) if positions is None else len(positions)
+    n = len(tokens)
     probs = draw(st.lists(COUNT, min_size=n, max_size=n)) if draw(st.booleans()) else []
     committed = draw(st.lists(TOKEN_ID, max_size=3))
-    return Draft(draw(st.integers(0, 2**63 - 1)), committed, tokens, probs, positions)
+    base = draw(st.integers(0, 2**40))
+    return Draft(draw(st.integers(0, 2**63 - 1)), base, committed, tokens, probs)
 
 
 @st.composite
@@ -168,7 +166,8 @@ def drafts_with_dists(draw: st.DrawFn) -> DraftWithDists:
     ds = tuple(draw(dists(complete=True, width=width)) for _ in positions)
     probs = draw(st.lists(COUNT, min_size=len(tokens), max_size=len(tokens)) | st.just([]))
     committed = draw(st.lists(TOKEN_ID, max_size=2))
-    return DraftWithDists(draw(st.integers(0, 999)), committed, tokens, probs, width, positions, ds)
+    rnd, base = draw(st.integers(0, 999)), draw(st.integers(0, 999))
+    return DraftWithDists(rnd, base, committed, tokens, probs, width, positions, ds)
 
 
 @st.composite
@@ -187,7 +186,7 @@ def candidates_msgs(draw: st.DrawFn) -> Candidates:
 
 
 MESSAGES = st.one_of(
-    st.builds(Hello, st.integers(0, 9), TEXT, TEXT, TEXT, TEXT, SETTINGS),
+    st.builds(Hello, st.integers(0, 9), TEXT, TEXT, TEXT, TEXT, TEXT),
     st.builds(HelloAck, st.integers(0, 9), TEXT, TEXT, SETTINGS),
     st.builds(Error, st.integers(-(2**62), 2**62 - 1), TEXT),
     st.builds(Close, TEXT),
@@ -206,16 +205,16 @@ MESSAGES = st.one_of(
 
 # ----------------------------------------------------------------------------- round trips
 EXAMPLES = [
-    Hello(1, "edge", "xcosd-hr", "sha256:abc", "sha256:def", {"gamma": 4, "top_p": 0.9}),
-    HelloAck(1, "sha256:abc", "sha256:def", {"vocab": V}),
+    Hello(2, "edge", "xcosd", "0123abcd", "4567ef01", "89abcdef"),
+    Hello(2, "edge", "ar", "", "4567ef01", ""),
+    HelloAck(2, "0123abcd", "4567ef01", {"eos_token_ids": [V - 1]}),
     Error(-3, "model fingerprint mismatch"),
     Close("done"),
     StartRequest(7, "Translate to French: the cat", {"max_new_tokens": 32, "temperature": 0.7}),
-    Draft(0, (), (17, 300, 20000, 151_935), (65535, 1200, 3, 40000)),
-    Draft(5, (9,), (1, 2, 3), (), None),
-    Draft(6, (), (1, 2, 3, 4), (500,), (2,)),  # U-HLM: only position 2 is uncertain
-    Draft(7, (4, 5), (), (), ()),
-    DraftWithDists(1, (), (1, 2), (30000, 65535), 4, (0, 1), (
+    Draft(0, 0, (), (17, 300, 20000, 151_935), (65535, 1200, 3, 40000)),
+    Draft(5, 33, (9,), (1, 2, 3), ()),
+    Draft(7, 2**40, (4, 5), (), ()),
+    DraftWithDists(1, 7, (), (1, 2), (30000, 65535), 4, (0, 1), (
         Dist.from_dense(np.array([30000, 35535, 0, 0])), Dist(4, [2], [65535]))),
     HiddenStates(3, np.arange(12, dtype=np.float32).reshape(3, 4) / 7),
     VerifyResult(0, 4, token=1234),
@@ -263,16 +262,16 @@ def test_generated_messages_round_trip(msg: object) -> None:
 @given(st.lists(TOKEN_ID, min_size=1, max_size=15), st.integers(0, 10_000))
 @settings(max_examples=60, deadline=None)
 def test_draft_cost_formula(tokens: list[int], rnd: int) -> None:
-    msg = Draft(rnd, (), tokens, [1] * len(tokens))
+    msg = Draft(rnd, rnd // 3, (), tokens, [1] * len(tokens))
     ids = sum(vlen(t) for t in tokens)
-    payload = vlen(rnd) + vlen(len(tokens) << 3 | 1) + ids + 2 * len(tokens)
+    payload = vlen(rnd) + vlen(rnd // 3) + vlen(len(tokens) << 2 | 1) + ids + 2 * len(tokens)
     assert bits(msg) == 8 * (header_size(payload) + payload)
 
 
 def test_draft_of_four_tokens_is_a_few_bytes() -> None:
-    msg = Draft(12, (), (151_000, 42, 9000, 100_000), (65535, 1, 300, 20000))
-    # header 3 + round 1 + count|flags 1 + ids 3+1+2+3 + probs 8
-    assert len(encode(msg)) == 22
+    msg = Draft(12, 40, (), (151_000, 42, 9000, 100_000), (65535, 1, 300, 20000))
+    # header 3 + round 1 + base 1 + count|flags 1 + ids 3+1+2+3 + probs 8
+    assert len(encode(msg)) == 23
 
 
 def test_verify_result_with_bonus_is_small() -> None:
@@ -327,15 +326,14 @@ def test_tokens_cost_one_frame_per_message() -> None:
 
 # ----------------------------------------------------------------------------- validation on encode
 BAD_MESSAGES = [
-    Draft(0, (), (V + 300_000,), ()),  # id over the default bound
-    Draft(0, (), (1, 2), (65536, 1)),  # count over uint16
-    Draft(0, (), (1, 2), (5,)),  # probs length mismatch
-    Draft(0, (), (1, 2), (), (1, 0)),  # positions not increasing
-    Draft(0, (), (1, 2), (), (2,)),  # position out of range
-    Draft(-1, (), (), ()),  # negative round
-    DraftWithDists(0, (), (1,), (), 4, (0,), (Dist(4, [1], [65534]),)),  # not complete
-    DraftWithDists(0, (), (1,), (), 5, (0,), (Dist(4, [1], [65535]),)),  # width mismatch
-    DraftWithDists(0, (), (1,), (), 4, (0,), ()),  # dists missing
+    Draft(0, 0, (), (V + 300_000,), ()),  # id over the default bound
+    Draft(0, 0, (), (1, 2), (65536, 1)),  # count over uint16
+    Draft(0, 0, (), (1, 2), (5,)),  # probs length mismatch
+    Draft(-1, 0, (), (), ()),  # negative round
+    Draft(0, -1, (), (1,), ()),  # negative base
+    DraftWithDists(0, 0, (), (1,), (), 4, (0,), (Dist(4, [1], [65534]),)),  # not complete
+    DraftWithDists(0, 0, (), (1,), (), 5, (0,), (Dist(4, [1], [65535]),)),  # width mismatch
+    DraftWithDists(0, 0, (), (1,), (), 4, (0,), ()),  # dists missing
     VerifyResult(0, 0, dist=Dist(4, [2, 1], [1, 65534])),  # sparse ids not increasing
     VerifyResult(0, 0, dist=Dist(4, [1], [60000])),  # mass missing, not truncated
     VerifyResult(0, 0, dist=Dist(4, [1], [60000]), theta_o=6000),  # mass over 65535
@@ -350,8 +348,9 @@ BAD_MESSAGES = [
     CandidatesRequest(0, 0),
     HiddenStates(0, np.array([1.0, np.nan])),
     HiddenStates(0, np.zeros((0, 10**7))),  # a dim over the element limit
-    Hello(1, "edge", "m", "a", "b", {"gamma": (1, 2)}),  # tuple does not survive JSON
-    Hello(1, "edge", "m", "a", "b", {"x": float("nan")}),
+    HelloAck(1, "a", "b", {"gamma": (1, 2)}),  # tuple does not survive JSON
+    HelloAck(1, "a", "b", {"x": float("nan")}),
+    Hello(1, "edge", "m", "a", "b", "bad \ud800 surrogate"),
     StartRequest(1, "bad \ud800 surrogate", {}),
     Tokens(tuple(range(2000))),  # over max_tokens
 ]
@@ -373,7 +372,7 @@ def test_encode_rejects_non_messages_and_oversized_frames() -> None:
 
 def test_constructor_rejects_non_integers() -> None:
     with pytest.raises(WireError):
-        Draft(0, (), (1.5,), ())
+        Draft(0, 0, (), (1.5,), ())
     with pytest.raises(WireError):
         Dist.from_dense(np.array([0.5, 0.5]))
     with pytest.raises(WireError):
@@ -404,7 +403,7 @@ def test_quantized_distributions_travel_as_complete_dists(weights: list[float]) 
 
 # ----------------------------------------------------------------------------- decode-side checks
 def test_vocab_limit_is_checked_on_decode() -> None:
-    data = encode(Draft(0, (), (5, 40_000), ()))
+    data = encode(Draft(0, 0, (), (5, 40_000), ()))
     assert decode(data, DEFAULT_LIMITS.with_vocab(50_000)).tokens == (5, 40_000)
     with pytest.raises(WireError, match=r"exceeds the limit 31999|outside"):
         decode(data, DEFAULT_LIMITS.with_vocab(32_000))

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from wanspec.protocols.registry import build_machines, get_method
+from wanspec.models.jobs import session_executor
+from wanspec.protocols.endpoints import TargetInfo
+from wanspec.protocols.registry import get_method, make_cloud, make_edge, target_info
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sim import Link, Profile, SimResult, simulate
 from wanspec.vocab import VocabAlignment
@@ -36,6 +39,11 @@ class Pair:
 
     def decode(self, ids: list[int]) -> str:
         return self.target.tokenizer.decode(ids, skip_special_tokens=True)
+
+    @functools.cached_property
+    def cloud_info(self) -> TargetInfo:
+        """What a cloud serving this pair's target knows (it can verify this pair's drafts)."""
+        return target_info(self.target, self.target_encode, (self.alignment,))
 
 
 def _load_lm(name_or_model: Any, dtype: torch.dtype, threads: int | None) -> tuple[Any, str]:
@@ -139,24 +147,29 @@ def generate(
     """
     info = get_method(method)
     gen = GenerationSettings(**settings)
-    edge, cloud = build_machines(
+    edge = make_edge(
         info.name,
-        draft_lm=pair.draft,
-        target_lm=pair.target,
         alignment=pair.alignment,
-        draft_encode=pair.draft_encode,
-        target_encode=pair.target_encode,
-        target_decode=pair.decode,
         prompt=prompt,
         settings=gen,
+        draft_encode=pair.draft_encode,
+        target_decode=pair.decode,
+        target_encode=pair.target_encode,
+        target_model=pair.target.fingerprint,
     )
+    cloud = make_cloud(pair.cloud_info)
+    edge_model = pair.target if info.family == "split" else pair.draft  # split: target's layers
     sim = simulate(
         edge,
         cloud,
         link if link is not None else Link(bandwidth_bps=100e6, rtt_s=0.05),
         edge_profile or profile or "measured",
         cloud_profile or profile or "measured",
+        edge_executor=session_executor(edge_model),
+        cloud_executor=session_executor(pair.target),
         trace=trace,
     )
+    if sim.cloud_finish is not None and sim.cloud_finish.startswith("error"):
+        raise RuntimeError(f"the cloud ended the session: {sim.cloud_finish}")
     tokens = sim.tokens
     return GenerationResult(pair.decode(tokens), tokens, _stats(info.name, sim, edge, cloud), sim)

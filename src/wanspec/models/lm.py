@@ -14,6 +14,9 @@ branch off any point of an already cached main chain.
 
 from __future__ import annotations
 
+import copy
+import functools
+import hashlib
 import inspect
 import itertools
 import operator
@@ -87,9 +90,28 @@ class LanguageModel(ABC):
             raise ValueError(f"{what} contains ids outside [0, {self.vocab_size}): {bad[:5]}")
         return ids
 
+    @property
+    def fingerprint(self) -> str:
+        """Identifies the weights a cloud serves, for the handshake (not a security measure)."""
+        return hashlib.sha256(f"{self.name}|{self.vocab_size}".encode()).hexdigest()
+
     def reset(self) -> None:
         """Forget the whole sequence."""
         self.truncate(0)
+
+    def new_session(self) -> LanguageModel:
+        """An independent, empty KV-cache session over the same weights.
+
+        One loaded model serves many requests at once (a cloud with many edges): each request
+        owns a session; only the per-sequence state is new, the weights are shared, not copied.
+        """
+        session = copy.copy(self)
+        session._clear_state()
+        return session
+
+    @abstractmethod
+    def _clear_state(self) -> None:
+        """Start this object's sequence state afresh (called on a shallow copy)."""
 
     def prefill(self, ids: Sequence[int]) -> torch.Tensor:
         """`reset()` then `extend(ids)`."""
@@ -178,9 +200,22 @@ class HFLanguageModel(LanguageModel):
         self._windows = _layer_windows(model.config)
         params = inspect.signature(model.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._clear_state()
+
+    def _clear_state(self) -> None:
         self._cache = DynamicCache()
         self._length = 0
         self._tree = _PendingTree()
+
+    @functools.cached_property
+    def fingerprint(self) -> str:
+        """sha256 of the config, the dtype and the first rows of the output embedding: two
+        folders that agree on these are, for the handshake's purpose, the same model."""
+        digest = hashlib.sha256(self.config.to_json_string(use_diff=False).encode())
+        digest.update(str(self.dtype).encode())
+        head = self.model.get_output_embeddings().weight[:64].detach().float().contiguous()
+        digest.update(head.numpy().tobytes())
+        return digest.hexdigest()
 
     def __repr__(self) -> str:
         return f"HFLanguageModel({self.name!r}, length={self._length}, dtype={self.dtype})"

@@ -131,6 +131,9 @@ class SyntheticLM(LanguageModel):
         self.eos_token_ids = tuple(spec.eos_token_ids)
         self.tokenizer = None
         self.config = None
+        self._clear_state()
+
+    def _clear_state(self) -> None:
         self._ids: list[int] = []
         self._tree = _Tree()
 

@@ -1,16 +1,58 @@
-"""Events and actions of the sans-IO protocol layer.
+"""Events, actions and the machine skeleton of the sans-IO protocol layer.
 
-State machines never touch a socket or a clock: drivers feed them events and carry out the
-actions they return. Events and actions are plain data (frozen dataclasses).
+State machines never touch a socket, a clock or a model: drivers feed them events and carry out
+the actions they return. Events and actions are plain data. A machine asks for model work with a
+`Compute` action carrying a job (`wanspec.models.jobs`) and an id; the driver runs the job on the
+machine's own model session and hands the result back as `ComputeDone(id, result)`. All sampling
+and every state change happen inside `handle()`, so a machine's output for a seed does not depend
+on the driver's timing or threads.
+
+Error policy (one for every machine): whatever the PEER got wrong (a message it should not have
+sent in this state, a malformed reply) becomes a `ProtocolError`, which `handle()` turns into an
+`Error` message to the peer and a `Finish("error: …")` here; an `Error` from the peer finishes
+this side too. Anything else that goes wrong is a local bug and raises out of `handle()`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+import enum
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, Protocol
+
+import numpy as np
+
+from wanspec import wire
+from wanspec.models.jobs import ComputeCost, Job
 
 Side = Literal["edge", "cloud"]
+PROTOCOL_VERSION = wire.WIRE_VERSION
+
+
+class ErrorCode(enum.IntEnum):
+    """The `code` of an `Error` message: what kind of failure ended the session."""
+
+    PROTOCOL = 1  # a message out of place or malformed for this state
+    VERSION = 2  # protocol versions differ
+    MISMATCH = 3  # model or tokenizer fingerprints differ from what the edge expects
+    UNSUPPORTED = 4  # unknown method, or a method this pair cannot run
+    BAD_SETTINGS = 5
+    BUSY = 6  # the server has no room for another session
+    LIMIT = 7  # a server limit (frame size, tokens, time) was exceeded
+    INTERNAL = 8  # the server failed; the session is over, the server is not
+    SHUTDOWN = 9  # the server is stopping
+
+
+class ProtocolError(RuntimeError):
+    """The peer sent something this machine cannot accept in its current state."""
+
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.PROTOCOL) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def request_rng(seed: int, side: Side) -> np.random.Generator:
+    """The edge's and the cloud's independent, reproducible random streams of one request."""
+    return np.random.default_rng([seed, 0 if side == "edge" else 1])
 
 
 # ----------------------------------------------------------------------------- events
@@ -26,7 +68,7 @@ class MessageReceived:
 
 @dataclass(frozen=True)
 class ComputeDone:
-    tag: str
+    job_id: int
     result: Any = None
 
 
@@ -35,29 +77,31 @@ Event = Start | MessageReceived | ComputeDone
 
 # ----------------------------------------------------------------------------- actions
 @dataclass(frozen=True)
-class ComputeCost:
-    """What a computation costs, for drivers that charge virtual time.
-
-    kind: "forward" (n new tokens after a cache of `context` tokens), "tree" (n tree nodes in one
-    pass), "cpu" (protocol-side arithmetic, charged as free unless a profile says otherwise).
-    """
-
-    kind: Literal["forward", "tree", "cpu"]
-    n: int = 0
-    context: int = 0
-    passes: int = 1  # sequential forward passes of `n` tokens each (e.g. drafting gamma tokens)
-
-
-@dataclass(frozen=True)
 class Send:
     msg: Any
 
 
 @dataclass(frozen=True)
 class Compute:
-    tag: str
-    cost: ComputeCost
-    run: Callable[[], Any] = field(compare=False)
+    """Run `job` on this side's model session; answer with `ComputeDone(job_id, result)`.
+
+    A side's computations run one at a time, in the order they were asked for."""
+
+    job_id: int
+    job: Job
+    label: str = ""  # what the machine computes it for ("draft", "verify"…), for accounting
+
+    @property
+    def cost(self) -> ComputeCost:
+        return self.job.cost
+
+
+@dataclass(frozen=True)
+class Cancel:
+    """The machine no longer needs computation `job_id`: a queued one never runs, a running
+    one's result is dropped (its effect on the cache may or may not have happened)."""
+
+    job_id: int
 
 
 @dataclass(frozen=True)
@@ -69,13 +113,99 @@ class Emit:
 
 @dataclass(frozen=True)
 class Finish:
-    reason: str  # "length", "eos", "stop", "error: ..."
+    reason: str  # "length", "eos", "stop", "closed by edge", "error: ..."
 
 
-Action = Send | Compute | Emit | Finish
+Action = Send | Compute | Cancel | Emit | Finish
 
 
 class StateMachine(Protocol):
+    """What a driver needs of a machine."""
+
     side: Side
 
     def handle(self, event: Event) -> list[Action]: ...
+
+
+class Machine:
+    """Skeleton every protocol machine shares: the state, the table of messages each state
+    accepts (as h11 keeps it), job ids, counters and the one error policy.
+
+    Subclasses set `State` (an enum with a `DONE` member), `EXPECTS` (state -> message types
+    accepted then) and implement `on_start`, `on_message` and `on_compute(purpose, result)`.
+    """
+
+    side: ClassVar[Side]
+    EXPECTS: ClassVar[dict[Any, tuple[type, ...]]] = {}
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+        self.counters: dict[str, int] = {}
+        self._jobs: dict[int, str] = {}
+        self._next_job = 0
+
+    # ---- helpers for subclasses
+    def count(self, name: str, k: int = 1) -> None:
+        self.counters[name] = self.counters.get(name, 0) + k
+
+    def compute(self, purpose: str, job: Job) -> Compute:
+        """A `Compute` action for `job`; its result comes back to `on_compute(purpose, …)`."""
+        job_id = self._next_job
+        self._next_job += 1
+        self._jobs[job_id] = purpose
+        return Compute(job_id, job, purpose)
+
+    def cancel_all(self) -> list[Action]:
+        """Cancel every computation still outstanding."""
+        actions: list[Action] = [Cancel(job_id) for job_id in self._jobs]
+        self._jobs.clear()
+        return actions
+
+    def finish(self, reason: str) -> list[Action]:
+        self.state = type(self.state).DONE
+        return [*self.cancel_all(), Finish(reason)]
+
+    def fail(self, exc: ProtocolError) -> list[Action]:
+        """The peer broke the protocol: tell it why and end this side."""
+        return [Send(wire.Error(int(exc.code), str(exc))), *self.finish(f"error: {exc}")]
+
+    @property
+    def done(self) -> bool:
+        return self.state == type(self.state).DONE
+
+    # ---- the entry point
+    def handle(self, event: Event) -> list[Action]:
+        if self.done:
+            return []
+        if isinstance(event, ComputeDone):
+            purpose = self._jobs.pop(event.job_id, None)
+            if purpose is None:  # cancelled, or a driver bug
+                return []
+            return self.on_compute(purpose, event.result)
+        if isinstance(event, MessageReceived):
+            msg = event.msg
+            if isinstance(msg, wire.Error):
+                return self.finish(f"error: peer says {msg.message}")
+            try:
+                self.expect(msg)
+                return self.on_message(msg)
+            except ProtocolError as exc:
+                return self.fail(exc)
+        if isinstance(event, Start):
+            return self.on_start()
+        raise TypeError(f"unknown event {event!r}")
+
+    def expect(self, msg: Any) -> None:
+        """Raise ProtocolError unless the state table accepts `msg` now."""
+        allowed = self.EXPECTS.get(self.state, ())
+        if not isinstance(msg, allowed):
+            raise ProtocolError(f"unexpected {type(msg).__name__} while {self.state.name.lower()}")
+
+    def on_start(self) -> list[Action]:
+        return []
+
+    def on_message(self, msg: Any) -> list[Action]:
+        raise NotImplementedError
+
+    def on_compute(self, purpose: str, result: Any) -> list[Action]:
+        raise NotImplementedError

@@ -2,15 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from wanspec.protocols import speculative as spec
-from wanspec.protocols.autoregressive import ArCloud, ArEdge
+from wanspec.protocols import schemes as spec
+from wanspec.protocols.base import Machine
+from wanspec.protocols.endpoints import (
+    CloudEndpoint,
+    EdgeMachine,
+    Fingerprints,
+    TargetInfo,
+    short_fingerprint,
+)
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.protocols.split import SplitCloud, SplitEdge
-from wanspec.protocols.stopping import StopChecker
+from wanspec.protocols.speculative import SpecCloud, SpecEdge
+from wanspec.protocols.stream import ArCloud, ArEdge, SplitCloud, SplitEdge
+from wanspec.vocab import VocabAlignment, fingerprint
 
 
 @dataclass(frozen=True)
@@ -23,6 +32,11 @@ class MethodInfo:
     aliases: tuple[str, ...] = ()
     source: str = ""
     family: str = "speculative"  # "speculative", "ar" or "split": which machine pair runs it
+
+    @property
+    def needs_draft(self) -> bool:
+        """Whether the edge drafts (so the cloud needs the draft/target alignment)."""
+        return self.family == "speculative"
 
 
 METHODS: dict[str, MethodInfo] = {
@@ -128,58 +142,139 @@ def get_method(name: str) -> MethodInfo:
     return METHODS[key]
 
 
-def build_machines(
+@functools.lru_cache(maxsize=64)
+def table_fingerprint(table: Any) -> str:
+    """A tokenizer table's fingerprint, computed once per table (hashing 150k pieces is slow)."""
+    return short_fingerprint(fingerprint(table))
+
+
+def edge_fingerprints(alignment: VocabAlignment, target_model: str = "") -> Fingerprints:
+    """What an edge with this alignment expects of the cloud and reports of itself."""
+    return Fingerprints(
+        short_fingerprint(target_model),
+        table_fingerprint(alignment.target),
+        table_fingerprint(alignment.draft),
+    )
+
+
+def make_edge(
     method: str,
     *,
-    draft_lm: Any,
-    target_lm: Any,
-    alignment: Any,
-    draft_encode: Callable[[str], list[int]],
-    target_encode: Callable[[str], list[int]],
-    target_decode: Callable[[list[int]], str],
+    alignment: VocabAlignment,
     prompt: str,
     settings: GenerationSettings,
-) -> tuple[Any, Any]:
-    """The edge and cloud state machines of one request."""
+    draft_encode: Callable[[str], list[int]],
+    target_decode: Callable[[list[int]], str],
+    target_encode: Callable[[str], list[int]] | None = None,
+    target_model: str = "",
+) -> EdgeMachine:
+    """The edge machine of one request. It needs no model: its jobs run on the driver's
+    executor (the draft model; for `split`, the target's embedding layer)."""
     info = get_method(method)
     if info.shared_vocab_only and not alignment.is_identity:
         raise ValueError(
             f"method {info.name!r} needs a shared vocabulary, but the draft and target tokenizers "
             "differ; use 'naive', 'xcosd' or 'xcosd-e' for a heterogeneous pair"
         )
-    eos = () if settings.ignore_eos else tuple(target_lm.eos_token_ids)
-    stopper = StopChecker(
-        max_new_tokens=settings.max_new_tokens,
-        eos_ids=eos,
-        stop=settings.stop,
+    common = dict(
+        method=info.name,
+        prompt=prompt,
+        settings=settings,
+        fingerprints=edge_fingerprints(alignment, target_model),
         decode=target_decode,
     )
     if info.family == "ar":
-        edge = ArEdge(prompt=prompt, settings=settings, stopper=stopper)
-        cloud = ArCloud(
-            target_lm=target_lm, alignment=alignment, encode_prompt=target_encode, eos_ids=eos
-        )
-        return edge, cloud
+        return ArEdge(**common)
     if info.family == "split":
-        cloud = SplitCloud(target_lm=target_lm, alignment=alignment, eos_ids=eos)
-        edge = SplitEdge(
-            prompt_ids=target_encode(prompt),
-            embed=target_lm.embed,
-            settings=settings,
-            stopper=stopper,
-        )
-        return edge, cloud
-    scheme = info.scheme()
-    edge = spec.SpecEdge(
-        scheme=scheme,
-        draft_lm=draft_lm,
+        if target_encode is None:
+            raise ValueError("split inference needs the target tokenizer on the edge")
+        return SplitEdge(prompt_ids=target_encode(prompt), **common)
+    assert info.scheme is not None
+    return SpecEdge(
+        scheme=info.scheme(),
+        alignment=alignment,
+        prompt_draft_ids=draft_encode(prompt),
+        **common,
+    )
+
+
+def cloud_machine(
+    method: str,
+    target: TargetInfo,
+    alignment: VocabAlignment,
+    settings: GenerationSettings,
+    prompt: str,
+) -> Machine:
+    """The method's cloud machine, built once the handshake named the method and settings."""
+    info = get_method(method)
+    if info.family == "ar":
+        return ArCloud(target, settings, prompt)
+    if info.family == "split":
+        return SplitCloud(target, settings)
+    assert info.scheme is not None
+    return SpecCloud(
+        scheme=info.scheme(), target=target, alignment=alignment, settings=settings, prompt=prompt
+    )
+
+
+def make_cloud(target: TargetInfo) -> CloudEndpoint:
+    """The cloud machine of one session: it learns everything else from the handshake."""
+    return CloudEndpoint(target, cloud_machine)
+
+
+@functools.lru_cache(maxsize=16)
+def _identity(table: Any, width: int) -> VocabAlignment:
+    return VocabAlignment.identity(table, width)
+
+
+def target_info(
+    target_lm: Any,
+    encode: Callable[[str], list[int]],
+    alignments: tuple[VocabAlignment, ...] = (),
+) -> TargetInfo:
+    """What a cloud serving `target_lm` knows, able to verify drafts of the given alignments."""
+    if alignments:
+        table = alignments[0].target
+    else:
+        from wanspec.vocab import TokenTable
+
+        table = TokenTable(target_lm.tokenizer)
+    return TargetInfo(
+        name=getattr(target_lm, "name", "target"),
+        model_fingerprint=short_fingerprint(target_lm.fingerprint),
+        tokenizer_fingerprint=table_fingerprint(table),
+        vocab=_identity(table, target_lm.vocab_size),
+        eos_token_ids=tuple(target_lm.eos_token_ids),
+        encode=encode,
+        alignments={table_fingerprint(a.draft): a for a in alignments},
+        accepts_activations=hasattr(target_lm, "extend_embeddings"),
+    )
+
+
+def build_machines(
+    method: str,
+    *,
+    draft_lm: Any,
+    target_lm: Any,
+    alignment: VocabAlignment,
+    draft_encode: Callable[[str], list[int]],
+    target_encode: Callable[[str], list[int]],
+    target_decode: Callable[[list[int]], str],
+    prompt: str,
+    settings: GenerationSettings,
+) -> tuple[EdgeMachine, CloudEndpoint]:
+    """Both machines of one request, for a pair loaded in this process (tests, analysis).
+
+    The machines hold no model: run them with `session_executor(draft_lm)` on the edge (the
+    target for `split`) and `session_executor(target_lm)` on the cloud."""
+    edge = make_edge(
+        method,
         alignment=alignment,
         prompt=prompt,
-        prompt_draft_ids=draft_encode(prompt),
         settings=settings,
-        stopper=stopper,
+        draft_encode=draft_encode,
+        target_decode=target_decode,
+        target_encode=target_encode,
+        target_model=target_lm.fingerprint,
     )
-    cloud = spec.SpecCloud(
-        scheme=scheme, target_lm=target_lm, alignment=alignment, encode_prompt=target_encode
-    )
-    return edge, cloud
+    return edge, make_cloud(target_info(target_lm, target_encode, (alignment,)))

@@ -8,7 +8,6 @@ from wanspec.sampling.quant import (
     sample,
 )
 from wanspec.sampling.resample import (
-    SCHEMES,
     HybridChoice,
     HybridPayload,
     greedy_replacement,
@@ -23,12 +22,12 @@ from wanspec.sampling.resample import (
     truncated_residual_sample,
     uhlm_uncertainty,
 )
+from wanspec.sampling.target import target_counts
 from wanspec.sampling.verify import accept_token, verify_chain
 from wanspec.sampling.warps import SamplingParams, warp_logits, warp_probs
 
 __all__ = [
     "PROB_SCALE",
-    "SCHEMES",
     "Counts",
     "HybridChoice",
     "HybridPayload",
@@ -45,6 +44,7 @@ __all__ = [
     "sample_residual",
     "srdv_cloud_candidates",
     "srdv_edge_verify",
+    "target_counts",
     "truncate_top_k",
     "truncated_residual_sample",
     "uhlm_uncertainty",

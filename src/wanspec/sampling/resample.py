@@ -160,15 +160,3 @@ def uhlm_uncertainty(
         drawn = int(rng.choice(weights.size, p=weights / weights.sum()))
         disagreements += drawn != token
     return disagreements / samples
-
-
-SCHEMES: dict[str, bool] = {
-    "naive": True,
-    "ul": True,
-    "hr": True,
-    "srdv": True,
-    "gr": False,
-    "tr": False,
-    "uhlm": False,
-}
-"""Resampling schemes and whether each is lossless."""

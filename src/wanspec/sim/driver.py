@@ -1,10 +1,13 @@
 """Discrete-event simulator: runs an edge and a cloud state machine on a virtual clock.
 
 The machines are driven only through `handle(event) -> list[Action]`. Each side has one compute
-resource: `Compute` actions run one at a time in FIFO order; `run()` is called for real when the
-computation starts (virtual time) and its result is delivered as `ComputeDone(tag, result)` when
-the profile says it ends. `Send` goes through the link (edge→cloud on the uplink, cloud→edge on the
-downlink) and arrives as `MessageReceived(msg)`. Events are ordered by (virtual time, sequence
+resource and an executor (a function running a job on that side's own model session): `Compute`
+actions run one at a time in FIFO order; the job is executed for real when the computation starts
+(virtual time) and its result is delivered as `ComputeDone(job_id, result)` when the profile says
+it ends; `Cancel` drops a queued job, or the result of the running one. `Send` encodes the
+message with the wire codec, charges its exact size to the link (edge→cloud on the uplink,
+cloud→edge on the downlink) and delivers the DECODED message as `MessageReceived(msg)`, so the
+machines see exactly what a network peer would. Events are ordered by (virtual time, sequence
 number), so runs are deterministic for deterministic machines, profiles and link seeds.
 """
 
@@ -20,7 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from wanspec.models.jobs import Executor
 from wanspec.protocols.base import (
+    Cancel,
     Compute,
     ComputeDone,
     Emit,
@@ -36,6 +41,7 @@ from wanspec.sim.link import Channel, Direction, Link
 from wanspec.sim.profiles import Profile, load_profile
 
 SizeFn = Callable[[Any], int]
+Codec = tuple[Callable[[Any], bytes], Callable[[bytes], Any]]
 _DIRECTION: dict[str, Direction] = {"edge": "up", "cloud": "down"}
 _OTHER: dict[str, Side] = {"edge": "cloud", "cloud": "edge"}
 
@@ -61,7 +67,8 @@ class EmitRecord:
 
 @dataclass(frozen=True)
 class TraceRecord:
-    """One step of the run: `what` is recv | send | compute_start | compute_end | emit | finish."""
+    """One step of the run: `what` is recv | send | compute_start | compute_end | cancel | emit |
+    finish. `send` records the message as the machine sent it, `recv` as the peer decoded it."""
 
     t: float
     side: Side
@@ -121,8 +128,11 @@ class _Side:
     machine: StateMachine
     profile: Profile
     channel: Channel
+    executor: Executor
     queue: deque[Compute] = field(default_factory=deque)
     busy: bool = False
+    running: int | None = None  # job id of the computation under way
+    cancelled: set[int] = field(default_factory=set)
     busy_s: float = 0.0
     by_tag: dict[str, float] = field(default_factory=dict)
     computes: int = 0
@@ -138,10 +148,10 @@ def _as_bits(size: Any, msg: Any) -> int:
     return bits
 
 
-def _default_size_fn() -> SizeFn:
-    from wanspec.wire import bits  # floor 1; imported lazily so the simulator loads without it
+def _wire_codec() -> Codec:
+    from wanspec import wire
 
-    return bits
+    return wire.encode, wire.decode
 
 
 class _Simulation:
@@ -151,14 +161,16 @@ class _Simulation:
         cloud: StateMachine,
         link: Link,
         profiles: tuple[Profile, Profile],
-        size_fn: SizeFn,
+        executors: tuple[Executor, Executor],
+        size_fn: SizeFn | None,
         trace: bool,
     ) -> None:
         self.sides: dict[Side, _Side] = {
-            "edge": _Side("edge", edge, profiles[0], link.channel("up")),
-            "cloud": _Side("cloud", cloud, profiles[1], link.channel("down")),
+            "edge": _Side("edge", edge, profiles[0], link.channel("up"), executors[0]),
+            "cloud": _Side("cloud", cloud, profiles[1], link.channel("down"), executors[1]),
         }
         self.size_fn = size_fn
+        self.codec = _wire_codec() if size_fn is None else None
         self.heap: list[tuple[float, int, Side, Event]] = []
         self.seq = 0
         self.now = 0.0
@@ -212,10 +224,14 @@ class _Simulation:
     # ------------------------------------------------------------------ one event
     def dispatch(self, side: _Side, event: Event) -> None:
         if isinstance(event, ComputeDone):
-            side.busy = False
-            self.record(side.name, "compute_end", tag=event.tag)
+            side.busy, side.running = False, None
+            self.record(side.name, "compute_end", job_id=event.job_id)
+            if event.job_id in side.cancelled:
+                side.cancelled.discard(event.job_id)
+                self.start_next_compute(side)
+                return
         elif isinstance(event, MessageReceived):
-            self.record(side.name, "recv", type=type(event.msg).__name__)
+            self.record(side.name, "recv", type=type(event.msg).__name__, msg=event.msg)
         try:
             actions = side.machine.handle(event)
         except Exception as err:
@@ -235,6 +251,8 @@ class _Simulation:
             self.send(side, action.msg)
         elif isinstance(action, Compute):
             side.queue.append(action)
+        elif isinstance(action, Cancel):
+            self.cancel(side, action.job_id)
         elif isinstance(action, Emit):
             tokens = tuple(int(t) for t in action.token_ids)
             self.emits.append(EmitRecord(self.now, side.name, tokens))
@@ -248,8 +266,22 @@ class _Simulation:
         else:
             raise TypeError(f"{side.name} returned an unknown action {action!r}")
 
+    def cancel(self, side: _Side, job_id: int) -> None:
+        queued = [c for c in side.queue if c.job_id != job_id]
+        if len(queued) != len(side.queue):
+            side.queue = deque(queued)
+        elif side.running == job_id:
+            side.cancelled.add(job_id)
+        self.record(side.name, "cancel", job_id=job_id)
+
     def send(self, side: _Side, msg: Any) -> None:
-        size = _as_bits(self.size_fn(msg), msg)
+        sent = msg
+        if self.codec is not None:
+            encode, decode = self.codec
+            data = encode(msg)
+            size, msg = 8 * len(data), decode(data)
+        else:
+            size = _as_bits(self.size_fn(msg), msg)
         direction = _DIRECTION[side.name]
         tx = side.channel.transmit(self.now, size)
         kind = type(msg).__name__
@@ -258,29 +290,40 @@ class _Simulation:
         self.retransmissions[direction] += tx.retries
         self.bits_by_type[kind] = self.bits_by_type.get(kind, 0) + size
         self.messages_by_type[kind] = self.messages_by_type.get(kind, 0) + 1
-        self.record(side.name, "send", type=kind, bits=size, arrival=tx.arrival, retries=tx.retries)
+        self.record(
+            side.name,
+            "send",
+            type=kind,
+            bits=size,
+            arrival=tx.arrival,
+            retries=tx.retries,
+            msg=sent,
+        )
         self.push(tx.arrival, _OTHER[side.name], MessageReceived(msg))
 
     def start_next_compute(self, side: _Side) -> None:
         if side.busy or not side.queue:
             return
-        job = side.queue.popleft()
+        action = side.queue.popleft()
+        kind = action.label or type(action.job).__name__
         began = time.perf_counter()
         try:
-            result = job.run()
+            result = side.executor(action.job)
         except Exception as err:
-            err.add_note(f"in {side.name} compute {job.tag!r} at t={self.now:.6g} s")
+            err.add_note(f"in {side.name} compute {kind} #{action.job_id} at t={self.now:.6g} s")
             raise
         wall_s = time.perf_counter() - began
-        duration = side.profile.seconds(job.cost, wall_s)
+        duration = side.profile.seconds(action.cost, wall_s)
         if not duration >= 0 or math.isinf(duration):
-            raise ValueError(f"profile {side.profile.name!r} priced {job.cost} at {duration!r} s")
-        side.busy = True
+            raise ValueError(
+                f"profile {side.profile.name!r} priced {action.cost} at {duration!r} s"
+            )
+        side.busy, side.running = True, action.job_id
         side.busy_s += duration
-        side.by_tag[job.tag] = side.by_tag.get(job.tag, 0.0) + duration
+        side.by_tag[kind] = side.by_tag.get(kind, 0.0) + duration
         side.computes += 1
-        self.record(side.name, "compute_start", tag=job.tag, cost=job.cost, seconds=duration)
-        self.push(self.now + duration, side.name, ComputeDone(job.tag, result))
+        self.record(side.name, "compute_start", job=kind, cost=action.cost, seconds=duration)
+        self.push(self.now + duration, side.name, ComputeDone(action.job_id, result))
 
     def result(self) -> SimResult:
         assert self.finish is not None
@@ -309,6 +352,8 @@ def simulate(
     edge_profile: Profile | str,
     cloud_profile: Profile | str,
     *,
+    edge_executor: Executor,
+    cloud_executor: Executor,
     size_fn: SizeFn | None = None,
     max_time: float = 1e5,
     max_events: int = 1_000_000,
@@ -316,10 +361,12 @@ def simulate(
 ) -> SimResult:
     """Run one request to the edge's `Finish` and return its timings and traffic.
 
-    `Start()` goes to the cloud, then the edge, at t=0. size_fn(msg) gives a message's size in
-    bits (default `wanspec.wire.bits`, the exact encoded size). Profiles may be given by name
-    (see `wanspec.sim.profiles.load_profile`). Raises SimulationDeadlock if everything goes idle
-    before Finish, SimulationTimeout past max_time virtual seconds or max_events events.
+    `Start()` goes to the cloud, then the edge, at t=0. Each side's jobs run on its executor
+    (`wanspec.models.jobs.session_executor(model)`). Messages travel through the wire codec; a
+    `size_fn(msg)` (bits) instead passes message objects as they are (toy machines in tests).
+    Profiles may be given by name (see `wanspec.sim.profiles.load_profile`). Raises
+    SimulationDeadlock if everything goes idle before Finish, SimulationTimeout past max_time
+    virtual seconds or max_events events.
     """
     if not isinstance(link, Link):
         raise TypeError(f"link must be a wanspec Link, got {type(link).__name__}")
@@ -333,7 +380,8 @@ def simulate(
         cloud,
         link,
         (load_profile(edge_profile), load_profile(cloud_profile)),
-        size_fn if size_fn is not None else _default_size_fn(),
+        (edge_executor, cloud_executor),
+        size_fn,
         trace,
     )
     sim.run(max_time, max_events)

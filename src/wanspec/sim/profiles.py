@@ -29,8 +29,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
+from wanspec.models.jobs import ComputeCost
 from wanspec.paths import user_profiles_dir
-from wanspec.protocols.base import ComputeCost
 
 _KINDS = ("forward", "tree", "cpu")
 

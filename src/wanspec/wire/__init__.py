@@ -9,7 +9,7 @@ Messages are frozen dataclasses (see `wanspec.wire.messages`); `Limits` bounds w
 accepts and `Limits.with_vocab(V)` adds the per-connection token-id bound.
 
 Costs (v(x) = bytes of the LEB128 varint of x; a frame with an L-byte payload is 2 + v(L) + L):
-- Draft, γ tokens, probs, no committed/positions: L = v(round) + v(8γ+1) + Σ v(x_i) + 2γ.
+- Draft, γ tokens, probs, nothing committed: L = v(round) + v(base) + v(4γ+1) + Σ v(x_i) + 2γ.
 - VerifyResult: L = v(round) + v(accepted) + 1 (presence flags) + each present field:
   token v(id); dist v(W) + min(dense, sparse) with dense = 1 + 2W and
   sparse = v(n+1) + Σ v(id_k − id_{k−1} − 1) + 2n (id_0 = −1); theta_o 2; o_token v(id);

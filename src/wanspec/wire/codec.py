@@ -40,7 +40,7 @@ from wanspec.wire.messages import (
 )
 from wanspec.wire.validate import U63, settings_json, validate
 
-WIRE_VERSION = 1
+WIRE_VERSION = 2
 _MAGIC = 0xA0  # high nibble of the first byte; the low nibble is the version
 
 
@@ -157,29 +157,29 @@ def _get_dist(r: Reader, limits: Limits, what: str) -> Dist:
 
 
 # ----------------------------------------------------------------------------- control messages
-def _enc_hello(w: Writer, m: Hello | HelloAck) -> None:
+def _enc_hello(w: Writer, m: Hello) -> None:
     w.varint(m.protocol_version)
-    if isinstance(m, Hello):
-        w.string(m.role)
-        w.string(m.method)
-    w.string(m.model_fingerprint)
-    w.string(m.tokenizer_fingerprint)
-    _put_settings(w, m.settings)
+    for text in (m.role, m.method, m.target_model, m.target_tokenizer, m.draft_tokenizer):
+        w.string(text)
 
 
 def _dec_hello(r: Reader, limits: Limits) -> Hello:
     version = r.varint("protocol_version", U63)
-    role = r.string("role", limits.max_string)
-    method = r.string("method", limits.max_string)
-    model = r.string("model_fingerprint", limits.max_string)
-    tok = r.string("tokenizer_fingerprint", limits.max_string)
-    return Hello(version, role, method, model, tok, _get_settings(r, limits))
+    names = ("role", "method", "target_model", "target_tokenizer", "draft_tokenizer")
+    return Hello(version, *(r.string(name, limits.max_string) for name in names))
+
+
+def _enc_hello_ack(w: Writer, m: HelloAck) -> None:
+    w.varint(m.protocol_version)
+    w.string(m.target_model)
+    w.string(m.target_tokenizer)
+    _put_settings(w, m.info)
 
 
 def _dec_hello_ack(r: Reader, limits: Limits) -> HelloAck:
     version = r.varint("protocol_version", U63)
-    model = r.string("model_fingerprint", limits.max_string)
-    tok = r.string("tokenizer_fingerprint", limits.max_string)
+    model = r.string("target_model", limits.max_string)
+    tok = r.string("target_tokenizer", limits.max_string)
     return HelloAck(version, model, tok, _get_settings(r, limits))
 
 
@@ -214,43 +214,35 @@ def _dec_start(r: Reader, limits: Limits) -> StartRequest:
 
 
 # ----------------------------------------------------------------------------- uplink messages
-_PROBS, _POSITIONS, _COMMITTED = 1, 2, 4  # flag bits packed under the token count
+_PROBS, _COMMITTED = 1, 2  # flag bits packed under the token count
 
 
-def _enc_draft_head(w: Writer, m: Draft | DraftWithDists, positions: Sequence[int] | None) -> None:
-    flags = (_PROBS if m.probs else 0) | (_POSITIONS if positions is not None else 0)
-    flags |= _COMMITTED if m.committed else 0
+def _enc_draft_head(w: Writer, m: Draft | DraftWithDists) -> None:
+    flags = (_PROBS if m.probs else 0) | (_COMMITTED if m.committed else 0)
     w.varint(m.round)
-    w.varint(len(m.tokens) << 3 | flags)
+    w.varint(m.base)
+    w.varint(len(m.tokens) << 2 | flags)
     _put_ids(w, m.tokens)
     if m.committed:
         w.varint(len(m.committed) - 1)
         _put_ids(w, m.committed)
-    if positions is not None:
-        w.varint(len(positions))
-        _put_increasing(w, positions)
 
 
 def _dec_draft_head(
-    r: Reader, limits: Limits, allow_positions: bool
-) -> tuple[int, tuple[int, ...], tuple[int, ...], tuple[int, ...] | None, bool]:
-    """Round, tokens, committed, positions and whether probs follow."""
+    r: Reader, limits: Limits
+) -> tuple[int, int, tuple[int, ...], tuple[int, ...], bool]:
+    """Round, base, tokens, committed and whether probs follow."""
     rnd = r.varint("round", U63)
-    head = r.varint("token count", limits.max_tokens << 3 | 7)
-    n, flags = head >> 3, head & 7
-    if flags & _POSITIONS and not allow_positions:
-        raise WireError("positions flag set on a message without positions")
+    base = r.varint("base", U63)
+    head = r.varint("token count", limits.max_tokens << 2 | 3)
+    n, flags = head >> 2, head & 3
     r.need(n, "tokens")
     tokens = _get_ids(r, n, "tokens", limits)
     committed: tuple[int, ...] = ()
     if flags & _COMMITTED:
         nc = r.count("committed count", limits.max_tokens - 1, 1) + 1
         committed = _get_ids(r, nc, "committed", limits)
-    positions = None
-    if flags & _POSITIONS:
-        npos = r.count("position count", n, 1)
-        positions = tuple(_get_increasing(r, npos, "positions", n).tolist())
-    return rnd, tokens, committed, positions, bool(flags & _PROBS)
+    return rnd, base, tokens, committed, bool(flags & _PROBS)
 
 
 def _get_probs(r: Reader, n: int) -> tuple[int, ...]:
@@ -260,19 +252,18 @@ def _get_probs(r: Reader, n: int) -> tuple[int, ...]:
 
 
 def _enc_draft(w: Writer, m: Draft) -> None:
-    _enc_draft_head(w, m, m.positions)
+    _enc_draft_head(w, m)
     _put_u16s(w, m.probs)
 
 
 def _dec_draft(r: Reader, limits: Limits) -> Draft:
-    rnd, tokens, committed, positions, has_probs = _dec_draft_head(r, limits, True)
-    n_verified = len(tokens if positions is None else positions)
-    probs = _get_probs(r, n_verified) if has_probs else ()
-    return Draft(rnd, committed, tokens, probs, positions)
+    rnd, base, tokens, committed, has_probs = _dec_draft_head(r, limits)
+    probs = _get_probs(r, len(tokens)) if has_probs else ()
+    return Draft(rnd, base, committed, tokens, probs)
 
 
 def _enc_draft_dists(w: Writer, m: DraftWithDists) -> None:
-    _enc_draft_head(w, m, None)
+    _enc_draft_head(w, m)
     _put_u16s(w, m.probs)
     w.varint(m.width)
     w.varint(len(m.dists))
@@ -282,13 +273,13 @@ def _enc_draft_dists(w: Writer, m: DraftWithDists) -> None:
 
 
 def _dec_draft_dists(r: Reader, limits: Limits) -> DraftWithDists:
-    rnd, tokens, committed, _, has_probs = _dec_draft_head(r, limits, False)
+    rnd, base, tokens, committed, has_probs = _dec_draft_head(r, limits)
     probs = _get_probs(r, len(tokens)) if has_probs else ()
     width = r.varint("width", min(limits.max_width, limits.id_bound))
     n = r.count("dist count", min(limits.max_dists, len(tokens)), 2)
     positions = tuple(_get_increasing(r, n, "dist_positions", len(tokens)).tolist())
     dists = tuple(_get_dist_body(r, width, f"dists[{k}]") for k in range(n))
-    return DraftWithDists(rnd, committed, tokens, probs, width, positions, dists)
+    return DraftWithDists(rnd, base, committed, tokens, probs, width, positions, dists)
 
 
 def _enc_hidden(w: Writer, m: HiddenStates) -> None:
@@ -442,7 +433,7 @@ Decoder = Callable[[Reader, Limits], Any]
 
 _TYPES: dict[int, tuple[type, Encoder, Decoder]] = {
     1: (Hello, _enc_hello, _dec_hello),
-    2: (HelloAck, _enc_hello, _dec_hello_ack),
+    2: (HelloAck, _enc_hello_ack, _dec_hello_ack),
     3: (Error, _enc_error, _dec_error),
     4: (Close, _enc_close, _dec_close),
     5: (StartRequest, _enc_start, _dec_start),

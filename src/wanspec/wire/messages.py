@@ -168,14 +168,16 @@ class Dist:
 # ----------------------------------------------------------------------------- control
 @dataclass(frozen=True)
 class Hello:
-    """Edge → cloud at connect: who I am and what I run; the cloud checks the fingerprints."""
+    """Edge → cloud at connect: the protocol version, the method, and the fingerprints the edge
+    expects of the cloud (target model, target tokenizer; "" = any model) and its own draft
+    tokenizer's, so a mismatched pair is refused before any model work."""
 
     protocol_version: int
     role: str
     method: str
-    model_fingerprint: str
-    tokenizer_fingerprint: str
-    settings: dict[str, Any] = field(default_factory=dict)
+    target_model: str
+    target_tokenizer: str
+    draft_tokenizer: str
 
     def __post_init__(self) -> None:
         _set(self, "protocol_version", _index(self.protocol_version, "protocol_version"))
@@ -183,12 +185,12 @@ class Hello:
 
 @dataclass(frozen=True)
 class HelloAck:
-    """Cloud → edge: the cloud's own fingerprints and the settings it agreed to."""
+    """Cloud → edge: the cloud's own fingerprints and facts the edge needs (eos ids, limits)."""
 
     protocol_version: int
-    model_fingerprint: str
-    tokenizer_fingerprint: str
-    settings: dict[str, Any] = field(default_factory=dict)
+    target_model: str
+    target_tokenizer: str
+    info: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         _set(self, "protocol_version", _index(self.protocol_version, "protocol_version"))
@@ -227,36 +229,36 @@ class StartRequest:
 class Draft:
     """Edge → cloud: one round of drafted tokens.
 
+    base: how many generated tokens the edge had committed before `committed`; the draft extends
+      exactly that prefix, so a cloud whose committed output differs knows the draft is stale.
     committed: ids the edge finalised since its last message (e.g. its own resample).
-    tokens: drafted ids. probs: the count p_i(x_i) of each token to verify (empty: none sent).
-    positions: indices into `tokens` that need verification (U-HLM: uncertain ones only);
-    None = all of them. `probs` has one entry per verified token.
+    tokens: drafted ids. probs: the count p_i(x_i) of each drafted token (empty: none sent).
     """
 
     round: int
+    base: int = 0
     committed: tuple[int, ...] = ()
     tokens: tuple[int, ...] = ()
     probs: tuple[int, ...] = ()
-    positions: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         _set(self, "round", _index(self.round, "round"))
+        _set(self, "base", _index(self.base, "base"))
         _set(self, "committed", _ints(self.committed, "committed"))
         _set(self, "tokens", _ints(self.tokens, "tokens"))
         _set(self, "probs", _ints(self.probs, "probs"))
-        if self.positions is not None:
-            _set(self, "positions", _ints(self.positions, "positions"))
 
 
 @dataclass(frozen=True)
 class DraftWithDists:
-    """Edge → cloud (UL): a Draft plus the full draft distributions p_i at `dist_positions`.
+    """Edge → cloud (UL, U-HLM, SD's answer): a Draft plus full draft distributions p_i.
 
     dist_positions: strictly increasing indices into `tokens`; dists[k] is p at dist_positions[k],
     a complete distribution over `width` ids (the target's index space).
     """
 
     round: int
+    base: int = 0
     committed: tuple[int, ...] = ()
     tokens: tuple[int, ...] = ()
     probs: tuple[int, ...] = ()
@@ -266,6 +268,7 @@ class DraftWithDists:
 
     def __post_init__(self) -> None:
         _set(self, "round", _index(self.round, "round"))
+        _set(self, "base", _index(self.base, "base"))
         _set(self, "committed", _ints(self.committed, "committed"))
         _set(self, "tokens", _ints(self.tokens, "tokens"))
         _set(self, "probs", _ints(self.probs, "probs"))

@@ -136,14 +136,17 @@ def check_pieces(pieces: Sequence[tuple[int, str]], named: set[int], limits: Lim
 
 
 # ----------------------------------------------------------------------------- per message
-def _hello(m: Hello | HelloAck, limits: Limits) -> None:
+def _hello(m: Hello, limits: Limits) -> None:
     check_uint(m.protocol_version, "protocol_version")
-    if isinstance(m, Hello):
-        check_string(m.role, "role", limits)
-        check_string(m.method, "method", limits)
-    check_string(m.model_fingerprint, "model_fingerprint", limits)
-    check_string(m.tokenizer_fingerprint, "tokenizer_fingerprint", limits)
-    check_settings(m.settings, limits)
+    for name in ("role", "method", "target_model", "target_tokenizer", "draft_tokenizer"):
+        check_string(getattr(m, name), name, limits)
+
+
+def _hello_ack(m: HelloAck, limits: Limits) -> None:
+    check_uint(m.protocol_version, "protocol_version")
+    check_string(m.target_model, "target_model", limits)
+    check_string(m.target_tokenizer, "target_tokenizer", limits)
+    check_settings(m.info, limits)
 
 
 def _error(m: Error, limits: Limits) -> None:
@@ -163,6 +166,7 @@ def _start(m: StartRequest, limits: Limits) -> None:
 
 def _draft_common(m: Draft | DraftWithDists, limits: Limits, n_verified: int) -> None:
     check_uint(m.round, "round")
+    check_uint(m.base, "base")
     check_ids(m.committed, "committed", limits)
     check_ids(m.tokens, "tokens", limits)
     if m.probs and len(m.probs) != n_verified:
@@ -171,9 +175,7 @@ def _draft_common(m: Draft | DraftWithDists, limits: Limits, n_verified: int) ->
 
 
 def _draft(m: Draft, limits: Limits) -> None:
-    if m.positions is not None:
-        check_positions(m.positions, len(m.tokens), "positions")
-    _draft_common(m, limits, len(m.tokens if m.positions is None else m.positions))
+    _draft_common(m, limits, len(m.tokens))
 
 
 def _draft_dists(m: DraftWithDists, limits: Limits) -> None:
@@ -248,7 +250,7 @@ def _tokens(m: Tokens, limits: Limits) -> None:
 
 _CHECKS: dict[type, Callable[[Any, Limits], None]] = {
     Hello: _hello,
-    HelloAck: _hello,
+    HelloAck: _hello_ack,
     Error: _error,
     Close: _close,
     StartRequest: _start,

@@ -1,0 +1,146 @@
+"""Methods where the cloud streams every token down: cloud-only autoregressive (`ar`) and split
+inference (`split`). One edge and one cloud skeleton serve both; they differ only in what goes up
+(the prompt once, or activations per token) and so in what the cloud waits for before a step.
+
+Split inference splits at k = 0: the edge computes the target's input embeddings (the activations
+entering layer 0) and sends them as float16, one row per token; the cloud runs every layer from
+those activations. The uplink per token (hidden size × 16 bits) is the same at any split point,
+since every layer's activations have the hidden size; a deeper split only moves compute to the
+edge. Not lossless: the cloud computes on float16-rounded activations.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any
+
+import numpy as np
+
+from wanspec import wire
+from wanspec.models.jobs import Embed, ForwardEmbeddings
+from wanspec.protocols.base import Action, Machine, Send, request_rng
+from wanspec.protocols.cache import CacheMirror
+from wanspec.protocols.endpoints import EdgeMachine, TargetInfo
+from wanspec.protocols.settings import GenerationSettings
+from wanspec.sampling import sample, target_counts
+
+
+class StreamState(enum.Enum):
+    STREAMING = enum.auto()
+    DONE = enum.auto()
+
+
+# ============================================================================ edges
+
+
+class StreamEdge(EdgeMachine):
+    """Receives streamed tokens and emits them; `after_tokens` says what goes up next."""
+
+    EXPECTS = {StreamState.STREAMING: (wire.Tokens,)}  # noqa: RUF012
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(StreamState.STREAMING, **kwargs)
+
+    def on_start(self) -> list[Action]:
+        return self.hello()
+
+    def on_reply(self, msg: wire.Tokens) -> list[Action]:
+        actions, done = self.emit(msg.ids)
+        if done:
+            return actions
+        if msg.finished:
+            return [*actions, *self.finish("cloud finished")]
+        return [*actions, *self.after_tokens(list(msg.ids))]
+
+    def after_tokens(self, ids: list[int]) -> list[Action]:
+        return []
+
+
+class ArEdge(StreamEdge):
+    """Sends the prompt, then only listens."""
+
+
+class SplitEdge(StreamEdge):
+    """Holds the target's embedding layer: the prompt never leaves as text, only activations."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.rounds = 0
+
+    def on_start(self) -> list[Action]:
+        return [*self.hello(prompt=""), self.compute("embed", Embed(tuple(self.prompt_ids)))]
+
+    def on_compute(self, purpose: str, result: Any) -> list[Action]:
+        data = result.detach().numpy().astype(np.float16)
+        self.rounds += 1
+        return [Send(wire.HiddenStates(self.rounds, data))]
+
+    def after_tokens(self, ids: list[int]) -> list[Action]:
+        return [self.compute("embed", Embed(tuple(ids[-1:])))]
+
+
+# ============================================================================ clouds
+
+
+class StreamCloud(Machine):
+    """Samples the target one token at a time and streams each token as soon as it exists."""
+
+    side = "cloud"
+
+    def __init__(self, target: TargetInfo, settings: GenerationSettings) -> None:
+        super().__init__(StreamState.STREAMING)
+        self.target, self.settings = target, settings
+        self.rng = request_rng(settings.seed, "cloud")
+        self.eos = () if settings.ignore_eos else target.eos_token_ids
+        self.produced = 0
+
+    def on_compute(self, purpose: str, result: Any) -> list[Action]:
+        counts = target_counts(result[-1], self.settings.sampling, self.target.vocab.target_valid)
+        token = sample(counts, self.rng)
+        self.produced += 1
+        done = self.produced >= self.settings.max_new_tokens or token in self.eos
+        if done:
+            return [Send(wire.Tokens((token,), finished=True)), *self.finish("done")]
+        return [Send(wire.Tokens((token,))), *self.next_step(token)]
+
+    def next_step(self, token: int) -> list[Action]:
+        raise NotImplementedError
+
+
+class ArCloud(StreamCloud):
+    EXPECTS = {StreamState.STREAMING: (wire.Close,)}  # noqa: RUF012
+
+    def __init__(self, target: TargetInfo, settings: GenerationSettings, prompt: str) -> None:
+        super().__init__(target, settings)
+        self.context = target.encode(prompt)
+        self.cache = CacheMirror()
+
+    def on_start(self) -> list[Action]:
+        return [self.compute("forward", self.cache.plan(self.context))]
+
+    def on_message(self, msg: Any) -> list[Action]:
+        return self.finish("closed by edge")
+
+    def next_step(self, token: int) -> list[Action]:
+        self.context.append(token)
+        return [self.compute("forward", self.cache.plan(self.context))]
+
+
+class SplitCloud(StreamCloud):
+    EXPECTS = {StreamState.STREAMING: (wire.HiddenStates, wire.Close)}  # noqa: RUF012
+
+    def __init__(self, target: TargetInfo, settings: GenerationSettings) -> None:
+        if not target.accepts_activations:
+            raise ValueError("split inference needs a target model that accepts activations")
+        super().__init__(target, settings)
+        self.length = 0
+
+    def on_message(self, msg: Any) -> list[Action]:
+        if isinstance(msg, wire.Close):
+            return self.finish("closed by edge")
+        job = ForwardEmbeddings(self.length, np.asarray(msg.data))
+        self.length += int(msg.data.shape[0])
+        return [self.compute("forward", job)]
+
+    def next_step(self, token: int) -> list[Action]:
+        return []
