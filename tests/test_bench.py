@@ -17,7 +17,7 @@ from click.testing import CliRunner
 from wanspec.bench.accounting import Events, Vocab, paper_bits
 from wanspec.bench.config import CONFIGS
 from wanspec.bench.context import Context
-from wanspec.bench.datasets import load_prompts
+from wanspec.bench.datasets import DATASETS, load_prompts
 from wanspec.bench.experiments import (
     EXPERIMENTS,
     generation_cell,
@@ -29,6 +29,7 @@ from wanspec.bench.metrics import (
     answer_letter,
     bleu,
     final_number,
+    gold_answer,
     paired_difference_interval,
     rouge2,
 )
@@ -272,3 +273,16 @@ def test_prompt_sets_load_by_name_or_path_and_fail_clearly(tmp_path: Path) -> No
         main, ["bench", "xcosd-bits", "--datasets", "nope", "--config", "tiny"]
     )
     assert result.exit_code != 0 and "no dataset 'nope'" in result.output
+
+
+@pytest.mark.parametrize("name", [n for n, d in DATASETS.items() if d.task in METRICS])
+def test_each_scored_set_gives_its_own_reference_full_marks(name: str) -> None:
+    """Scoring every reference as if a model had written it must give 100: catches a gold
+    answer read from the wrong field or a parser that misses the sets' own formats."""
+    try:
+        prompts = load_prompts(name, 20)
+    except FileNotFoundError:
+        pytest.skip(f"{name}: the shared data folder is not here")
+    metric = METRICS[prompts.task]
+    golds = [gold_answer(prompts.task, r) for r in prompts.records]
+    assert metric.score([r["reference"] for r in prompts.records], golds) == pytest.approx(100.0)

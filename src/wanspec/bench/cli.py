@@ -99,6 +99,10 @@ def _experiment_command(name: str) -> click.Command:
             )
         except _user_errors() as err:
             raise click.ClickException(str(err)) from err
+        except KeyboardInterrupt:
+            raise click.ClickException(
+                "interrupted; finished cells are saved: run the same command again to resume"
+            ) from None
         click.echo(
             f"{name}: {len(summary.ran)} cells run, {len(summary.skipped)} already done, "
             f"{summary.wall_s:.1f} s; results in {out / name}"

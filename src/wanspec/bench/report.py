@@ -45,7 +45,8 @@ def _environment_section(manifests: list[dict[str, Any]]) -> list[str]:
     env = json.loads(sorted(envs)[0]) if len(envs) == 1 else environment()
     lines += [
         f"- platform: {env['platform']} ({env['machine']}), {env['cpu_count']} CPUs, "
-        f"processor {env['processor'] or 'unknown'}",
+        f"processor {env['processor'] or 'unknown'}, "
+        f"WANSPEC_THREADS={env.get('WANSPEC_THREADS') or 'unset (2)'}",
         f"- Python {env['python']}; "
         + ", ".join(f"{k} {v}" for k, v in env["packages"].items() if v),
         "",

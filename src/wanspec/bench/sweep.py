@@ -67,6 +67,7 @@ def environment() -> dict[str, Any]:
         "machine": platform.machine(),
         "processor": platform.processor() or None,
         "cpu_count": os.cpu_count(),
+        "WANSPEC_THREADS": os.environ.get("WANSPEC_THREADS"),
     }
 
 
