@@ -14,6 +14,7 @@ from wanspec.wire import (
     DEFAULT_LIMITS,
     PROB_SCALE,
     WIRE_VERSION,
+    Auth,
     Candidates,
     CandidatesRequest,
     Close,
@@ -22,6 +23,7 @@ from wanspec.wire import (
     DraftWithDists,
     Error,
     FrameDecoder,
+    FrameTooLarge,
     Hello,
     HelloAck,
     HiddenStates,
@@ -37,6 +39,7 @@ from wanspec.wire import (
     decode,
     dense_size,
     encode,
+    parse_header,
     sparse_size,
     validate,
 )
@@ -191,6 +194,7 @@ MESSAGES = st.one_of(
     st.builds(Error, st.integers(-(2**62), 2**62 - 1), TEXT),
     st.builds(Close, TEXT),
     st.builds(StartRequest, st.integers(0, 2**40), st.text(max_size=200), SETTINGS),
+    st.builds(Auth, TEXT),
     drafts(),
     drafts_with_dists(),
     hidden_states(),
@@ -211,6 +215,7 @@ EXAMPLES = [
     Error(-3, "model fingerprint mismatch"),
     Close("done"),
     StartRequest(7, "Translate to French: the cat", {"max_new_tokens": 32, "temperature": 0.7}),
+    Auth("bearer token: ünïcode ok"),
     Draft(0, 0, (), (17, 300, 20000, 151_935), (65535, 1200, 3, 40000)),
     Draft(5, 33, (9,), (1, 2, 3), ()),
     Draft(7, 2**40, (4, 5), (), ()),
@@ -366,7 +371,7 @@ def test_encode_rejects_non_messages_and_oversized_frames() -> None:
     with pytest.raises(WireError, match="not a wire message"):
         encode("hello")  # type: ignore[arg-type]
     big = Tokens(tuple(range(500)))
-    with pytest.raises(WireError, match="exceeds"):
+    with pytest.raises(FrameTooLarge, match="exceeds"):
         encode(big, Limits(max_frame=100))
 
 
@@ -463,10 +468,17 @@ def test_huge_declared_lengths_fail_before_allocating() -> None:
     assert peak < 1 << 20
 
 
+def test_a_length_longer_than_any_allowed_is_too_large_before_it_ends() -> None:
+    head = bytes([0xA0 | WIRE_VERSION, 37])
+    assert parse_header(head + b"\x80\x80\x80") is None  # 3 bytes: may still end below 8 MiB
+    with pytest.raises(FrameTooLarge, match="exceeds"):
+        parse_header(head + b"\x80\x80\x80\x80")  # a 5th length byte means >= 2^28
+
+
 def test_oversized_frame_header_is_rejected_at_once() -> None:
     dec = FrameDecoder()
     dec.feed(bytes([0xA0 | WIRE_VERSION, 37, 0x80, 0x80, 0x80, 0x40]))  # 2^27 > 8 MiB
-    with pytest.raises(WireError, match="exceeds"):
+    with pytest.raises(FrameTooLarge, match="exceeds"):
         dec.next_message()
     with pytest.raises(WireError):  # the stream stays failed
         dec.feed(encode(Close("x")))

@@ -27,10 +27,11 @@ from wanspec.wire.codec import (
     parse_header,
     sparse_size,
 )
-from wanspec.wire.errors import WireError
+from wanspec.wire.errors import FrameTooLarge, WireError
 from wanspec.wire.messages import (
     DEFAULT_LIMITS,
     PROB_SCALE,
+    Auth,
     Candidates,
     CandidatesRequest,
     Close,
@@ -56,6 +57,7 @@ __all__ = [
     "DEFAULT_LIMITS",
     "PROB_SCALE",
     "WIRE_VERSION",
+    "Auth",
     "Candidates",
     "CandidatesRequest",
     "Close",
@@ -64,6 +66,7 @@ __all__ = [
     "DraftWithDists",
     "Error",
     "FrameDecoder",
+    "FrameTooLarge",
     "Hello",
     "HelloAck",
     "HiddenStates",

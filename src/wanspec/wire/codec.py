@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 
 from wanspec.wire._bytes import Reader, Writer, unzigzag, varint_size, varint_sizes, zigzag
-from wanspec.wire.errors import WireError
+from wanspec.wire.errors import FrameTooLarge, WireError
 from wanspec.wire.messages import (
     DEFAULT_LIMITS,
     PROB_SCALE,
+    Auth,
     Candidates,
     CandidatesRequest,
     Close,
@@ -199,6 +200,14 @@ def _enc_close(w: Writer, m: Close) -> None:
 
 def _dec_close(r: Reader, limits: Limits) -> Close:
     return Close(r.string("close reason", limits.max_string))
+
+
+def _enc_auth(w: Writer, m: Auth) -> None:
+    w.string(m.token)
+
+
+def _dec_auth(r: Reader, limits: Limits) -> Auth:
+    return Auth(r.string("token", limits.max_string))
 
 
 def _enc_start(w: Writer, m: StartRequest) -> None:
@@ -437,6 +446,7 @@ _TYPES: dict[int, tuple[type, Encoder, Decoder]] = {
     3: (Error, _enc_error, _dec_error),
     4: (Close, _enc_close, _dec_close),
     5: (StartRequest, _enc_start, _dec_start),
+    6: (Auth, _enc_auth, _dec_auth),
     16: (Draft, _enc_draft, _dec_draft),
     17: (DraftWithDists, _enc_draft_dists, _dec_draft_dists),
     18: (HiddenStates, _enc_hidden, _dec_hidden),
@@ -461,7 +471,7 @@ def encode(msg: Message, limits: Limits = DEFAULT_LIMITS) -> bytes:
     head.varint(len(w.buf))
     frame = bytes(head.buf + w.buf)
     if len(frame) > limits.max_frame:
-        raise WireError(f"frame of {len(frame)} bytes exceeds the limit {limits.max_frame}")
+        raise FrameTooLarge(f"frame of {len(frame)} bytes exceeds the limit {limits.max_frame}")
     return frame
 
 
@@ -486,13 +496,18 @@ def parse_header(data: bytes, limits: Limits = DEFAULT_LIMITS) -> tuple[int, int
         return None
     if data[1] not in _TYPES:
         raise WireError(f"unknown message type {data[1]}")
-    end = min(len(data), 2 + varint_size(limits.max_frame))
-    if all(b & 0x80 for b in data[2:end]) and end < 2 + varint_size(limits.max_frame):
-        return None  # the length varint continues past the bytes received so far
+    longest = 2 + varint_size(limits.max_frame)
+    end = min(len(data), longest)
+    if all(b & 0x80 for b in data[2:end]):
+        if end < longest:
+            return None  # the length varint continues past the bytes received so far
+        raise FrameTooLarge(f"frame length over {longest - 2} bytes: exceeds {limits.max_frame}")
     r = Reader(bytes(data[2:end]))
-    length = r.varint("payload length", limits.max_frame)
+    length = r.varint("payload length")
     if 2 + r.pos + length > limits.max_frame:
-        raise WireError(f"frame of {2 + r.pos + length} bytes exceeds the limit {limits.max_frame}")
+        raise FrameTooLarge(
+            f"frame of {2 + r.pos + length} bytes exceeds the limit {limits.max_frame}"
+        )
     return data[1], 2 + r.pos, length
 
 

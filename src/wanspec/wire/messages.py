@@ -224,6 +224,15 @@ class StartRequest:
         _set(self, "request_id", _index(self.request_id, "request_id"))
 
 
+@dataclass(frozen=True)
+class Auth:
+    """Edge → cloud, before `Hello`, only to a server that asks for one: a bearer token. It is
+    the transport's business (the protocol machines never see it), so it is checked before any
+    model work and costs nothing when no token is used."""
+
+    token: str
+
+
 # ----------------------------------------------------------------------------- uplink
 @dataclass(frozen=True)
 class Draft:
@@ -425,6 +434,7 @@ Message = (
     | Error
     | Close
     | StartRequest
+    | Auth
     | Draft
     | DraftWithDists
     | HiddenStates

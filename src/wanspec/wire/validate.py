@@ -12,6 +12,7 @@ from wanspec.wire.errors import WireError
 from wanspec.wire.messages import (
     DEFAULT_LIMITS,
     PROB_SCALE,
+    Auth,
     Candidates,
     CandidatesRequest,
     Close,
@@ -164,6 +165,10 @@ def _start(m: StartRequest, limits: Limits) -> None:
     check_settings(m.settings, limits)
 
 
+def _auth(m: Auth, limits: Limits) -> None:
+    check_string(m.token, "token", limits)
+
+
 def _draft_common(m: Draft | DraftWithDists, limits: Limits, n_verified: int) -> None:
     check_uint(m.round, "round")
     check_uint(m.base, "base")
@@ -254,6 +259,7 @@ _CHECKS: dict[type, Callable[[Any, Limits], None]] = {
     Error: _error,
     Close: _close,
     StartRequest: _start,
+    Auth: _auth,
     Draft: _draft,
     DraftWithDists: _draft_dists,
     HiddenStates: _hidden,
