@@ -40,6 +40,7 @@ class ErrorCode(enum.IntEnum):
     LIMIT = 7  # a server limit (frame size, tokens, time) was exceeded
     INTERNAL = 8  # the server failed; the session is over, the server is not
     SHUTDOWN = 9  # the server is stopping
+    UNAUTHORIZED = 10  # the server asks for a bearer token and got none or a wrong one
 
 
 class ProtocolError(RuntimeError):

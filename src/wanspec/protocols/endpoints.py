@@ -227,7 +227,11 @@ class CloudEndpoint(Machine):
             PROTOCOL_VERSION,
             target.model_fingerprint,
             target.tokenizer_fingerprint,
-            {"eos_token_ids": list(target.eos_token_ids), "target": target.name},
+            {
+                "eos_token_ids": list(target.eos_token_ids),
+                "target": target.name,
+                "vocab_width": target.vocab.target_width,  # an edge's alignment needs it
+            },
         )
         return [Send(ack)]
 
