@@ -231,6 +231,10 @@ def test_paper_column_equals_the_formula_when_every_draft_is_rejected(home, meth
     assert row["tokens"] == 12 and row["acceptance"] == 0
     assert row["downlink paper"] == 2 + per_rejection
     assert row["uplink paper"] == 2 * (math.ceil(math.log2(stats.target_vocab)) + 16)
+    # the wire column is what the per-round messages carried, without the session's set-up
+    by_type = line["result"]["prompts"][0]["stats"]["bits_by_type"]
+    assert row["uplink wire"] * 12 == by_type["Draft"]
+    assert row["downlink wire"] * 12 == by_type["VerifyResult"]
 
 
 # ============================================================================ metrics and data

@@ -24,7 +24,8 @@ from wanspec.bench.runner import Cell
 
 Line = dict[str, Any]
 Row = dict[str, Any]
-SESSION_MESSAGES = ("StartRequest", "Close")  # one-off per request, not per token
+# one-off messages of a request's session (handshake, prompt, close): not per-token load
+SESSION_MESSAGES = {"up": ("Hello", "StartRequest", "Close"), "down": ("HelloAck",)}
 REFERENCE_METHOD = "ar"  # the target model alone: the quality every lossless method must match
 
 
@@ -129,12 +130,17 @@ def _per_token(total: float, tokens: int) -> float | None:
 def _totals(line: Line) -> dict[str, float]:
     """Sums over a cell's prompts of the quantities its tables need."""
     stats = [p["stats"] for p in line["result"]["prompts"]]
-    session = sum(s["bits_by_type"].get(m, 0) for s in stats for m in SESSION_MESSAGES)
+
+    def per_token_bits(direction: str) -> int:
+        total = sum(s[f"{direction}link_bits"] for s in stats)
+        session = SESSION_MESSAGES[direction]
+        return total - sum(s["bits_by_type"].get(m, 0) for s in stats for m in session)
+
     return {
         "tokens": sum(s["new_tokens"] for s in stats),
         "time_s": sum(s["time_s"] for s in stats),
-        "up_bits": sum(s["uplink_bits"] for s in stats) - session,
-        "down_bits": sum(s["downlink_bits"] for s in stats),
+        "up_bits": per_token_bits("up"),
+        "down_bits": per_token_bits("down"),
     }
 
 
@@ -494,7 +500,8 @@ EXPERIMENTS: dict[str, Experiment] = {
             "Communication load per generated token (X-CoSD Table 5, N = γ = 2)",
             "Uplink and downlink bits per generated token of every heterogeneous-vocabulary "
             "method, per dataset. *wire*: the exact encoded bytes wanspec sends (sparse "
-            "distributions where smaller; the one-off StartRequest and Close are left out). "
+            "distributions where smaller, message framing included; the one-off session "
+            "messages Hello, HelloAck, StartRequest (with the prompt) and Close left out). "
             "*paper*: the same runs under X-CoSD's accounting (16 bits per probability over the "
             "vocabulary a distribution lives on), counted from each run's events; the formulas "
             "are in `wanspec.bench.accounting`.",
