@@ -5,6 +5,11 @@ Timing uses the papers' hardware through fixed compute profiles (X-CoSD: a 68M d
 RTX, an 8B target on an A100), never this machine's wall clock, so a cell's result depends only
 on its settings and a resumed sweep agrees with an uninterrupted one. The models decide tokens,
 acceptance and bits; the profiles price their compute.
+
+Temperatures: the X-CoSD text at hand states none, so its speed and bits runs sample at T = 1
+(plain speculative sampling, no top-k/top-p); quality adds greedy T = 0, where every lossless
+method must reproduce the target's own text exactly. Uplink 10 Mbit/s, RTT 20 ms and the
+downlink grid are wanspec's choice (the paper's exact link values are not in the text either).
 """
 
 from __future__ import annotations

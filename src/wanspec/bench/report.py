@@ -23,7 +23,9 @@ Generated {date} from the results under `{out}`. Every number below comes from t
 (virtual time from compute profiles, real models, exact wire sizes); each experiment lists the
 commands that produced it. The full configuration (`--config full`: the shared prompt sets of
 `../shared/data`, 100 prompts each, Qwen2.5-Coder-1.5B target) runs the same commands with
-`--config full`; on a 2-core CPU it takes days, not minutes.
+`--config full`; on a 2-core CPU it takes days, not minutes. AceSpec's experiments (Table I,
+Figs. 5–7, Table II) are not here yet: they need methods wanspec does not have yet (picospec,
+acespec, acespec-x).
 """
 
 
