@@ -316,12 +316,12 @@ def _tr2(q, p, common, edge, cloud) -> int:
 
 # Intended rejection laws, by hand. "mixed": q = (2,0,1,0,2,1), p = (1,2,0,3,0,0).
 # GR: argmax of q = id 0 (first of the two 2s). TR top-2 = ids {0, 4}: residual (1, 2)/3.
-# "tr_empty": q = (3,2,1,0,0,0), p = (3,2,0,1,0,0): top-2 {0, 1} has no residual: argmax id 0.
-LOSSY_CASES = {**CASES, "tr_empty": Case((3, 2, 1, 0, 0, 0), (3, 2, 0, 1, 0, 0))}
+# "tr_empty": q = (2,3,1,0,0,0), p = (2,3,0,1,0,0): top-2 {0, 1} has no residual: its argmax, 1.
+LOSSY_CASES = {**CASES, "tr_empty": Case((2, 3, 1, 0, 0, 0), (2, 3, 0, 1, 0, 0))}
 INTENDED = {
     ("gr", "mixed"): {0: Fraction(1)},
     ("tr", "mixed"): {0: Fraction(1, 3), 4: Fraction(2, 3)},
-    ("tr", "tr_empty"): {0: Fraction(1)},
+    ("tr", "tr_empty"): {1: Fraction(1)},
     ("tr", "heavy_o"): {0: Fraction(1, 4), 4: Fraction(3, 4)},  # top-2 {0, 4}: residual (1, 3)
 }
 
@@ -358,8 +358,20 @@ def test_tr_truncation_keeps_the_top_k_ids_ascending() -> None:
     for k, top in [(1, [1]), (2, [1, 3]), (4, [0, 1, 3, 4])]:
         ids, counts = truncate_top_k(np.array([1, 5, 0, 3, 2, 0]), k)
         assert ids.tolist() == top, k
-    with pytest.raises(ValueError, match="k >= 1"):
+    with pytest.raises(ValueError, match=r"^TR needs k >= 1$"):
         truncate_top_k(np.array([1, 2]), 0)
+
+
+def test_uint16_counts_are_not_wrapped() -> None:
+    """Counts arrive as uint16 from the wire; q − p must not wrap around below zero."""
+    q = np.array([1, 5, 0, 3], np.uint16)
+    p = np.array([3, 1, 2, 3], np.uint16)
+    assert residual(q, p).tolist() == [0, 4, 0, 0]
+    ids, counts = truncate_top_k(q, 2)
+    assert ids.tolist() == [1, 3] and counts.tolist() == [5, 3]
+    law = exact_law(lambda rng: truncated_residual_sample(ids, counts, p, rng))
+    assert law == {1: Fraction(1)}
+    assert exact_law(lambda rng: sample_residual(q, p, rng)) == {1: Fraction(1)}
 
 
 class RecordingRng:

@@ -127,7 +127,7 @@ def test_verify_chain_rejects_misaligned_inputs(
     tokens: list[int], drafts: list[int], n_dists: int
 ) -> None:
     dists = [np.array([1, 1, 1])] * n_dists
-    with pytest.raises(ValueError, match="line up"):
+    with pytest.raises(ValueError, match=r"^tokens, draft_counts and target_dists do not line up$"):
         verify_chain(tokens, drafts, dists, ScriptedRng())
 
 

@@ -53,6 +53,19 @@ def test_greedy_is_one_hot_first_argmax() -> None:
     logits = torch.tensor([[0.0, 3.0, 3.0, -1.0]])
     probs = warp_probs(logits, SamplingParams(0.0))
     assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+    assert probs.dtype == torch.float64
+
+
+@pytest.mark.parametrize("params", [SamplingParams(0.0), SamplingParams(0.8, top_k=3, top_p=0.9)])
+def test_warp_probs_works_row_wise_on_any_batch_shape(params: SamplingParams) -> None:
+    """One row alone, a batch of rows and a batch of batches give the same float64 rows."""
+    gen = torch.Generator().manual_seed(2)
+    rows = torch.randn(2, 3, 7, generator=gen)
+    batched = warp_probs(rows, params)
+    assert batched.dtype == torch.float64 and batched.shape == rows.shape
+    torch.testing.assert_close(batched.sum(dim=-1), torch.ones(2, 3, dtype=torch.float64))
+    torch.testing.assert_close(warp_probs(rows[1], params), batched[1], rtol=0, atol=0)
+    torch.testing.assert_close(warp_probs(rows[1, 2], params), batched[1, 2], rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
