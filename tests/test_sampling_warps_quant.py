@@ -56,6 +56,12 @@ def test_greedy_is_one_hot_first_argmax() -> None:
     assert probs.dtype == torch.float64
 
 
+def test_greedy_has_no_logits_warp() -> None:
+    """Temperature 0 must go through warp_probs' argmax, never divide the logits by zero."""
+    with pytest.raises(ValueError, match=r"^temperature 0 is greedy and has no logits warp"):
+        warp_logits(torch.zeros(1, 3), SamplingParams(0.0))
+
+
 @pytest.mark.parametrize("params", [SamplingParams(0.0), SamplingParams(0.8, top_k=3, top_p=0.9)])
 def test_warp_probs_works_row_wise_on_any_batch_shape(params: SamplingParams) -> None:
     """One row alone, a batch of rows and a batch of batches give the same float64 rows."""
