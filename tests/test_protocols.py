@@ -14,94 +14,15 @@ import pytest
 import wanspec
 from wanspec import wire
 from wanspec.models.jobs import session_executor
-from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
-from wanspec.models.tiny import build_tokenizer
-from wanspec.protocols.registry import METHODS, get_method, make_cloud, make_edge, target_info
+from wanspec.protocols.registry import METHODS, get_method, make_cloud
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.sampling import PROB_SCALE, target_counts
-from wanspec.sim import Link, load_profile, simulate
-from wanspec.vocab import VocabAlignment
+from wanspec.sim import Link, simulate
+from worlds import FLAT_PROFILE, World, greedy
 
 LOSSLESS = [name for name, m in METHODS.items() if m.lossless]
 SPLIT = [name for name, m in METHODS.items() if m.family == "split"]
 LOSSLESS_HETERO = [name for name in LOSSLESS if not METHODS[name].shared_vocab_only]
 LOSSY = [name for name, m in METHODS.items() if not m.lossless and m.family != "split"]
-FLAT_PROFILE = load_profile({"name": "flat", "forward_ms": {"1": 1.0, "64": 2.0}})
-PROMPT_IDS = [5, 9, 17]
-
-
-# ----------------------------------------------------------------------------- a synthetic world
-
-
-class World:
-    """Synthetic draft/target LMs plus an alignment from real tiny tokenizers."""
-
-    def __init__(self, shared: bool) -> None:
-        target_tok = build_tokenizer("bytelevel", 300)
-        draft_tok = target_tok if shared else build_tokenizer("metaspace", 160)
-        self.alignment = VocabAlignment.build(draft_tok, target_tok)
-        t_spec = SyntheticSpec(0.6, vocab_size=self.alignment.target_width, seed=1)
-        d_spec = (
-            t_spec
-            if shared
-            else SyntheticSpec(
-                0.6,
-                vocab_size=self.alignment.draft_width,
-                seed=2,
-                target_support=40,
-                draft_extra=40,
-            )
-        )
-        self.target = SyntheticLM(t_spec, "target")
-        self.draft = SyntheticLM(d_spec, "draft")
-
-        self.info = target_info(self.target, lambda _: list(PROMPT_IDS), (self.alignment,))
-
-    def edge(self, method: str, **settings):
-        return make_edge(
-            method,
-            alignment=self.alignment,
-            prompt="synthetic",
-            settings=GenerationSettings(**settings),
-            draft_encode=lambda _: list(PROMPT_IDS),
-            target_decode=lambda ids: " ".join(map(str, ids)),
-            target_model=self.target.fingerprint,
-        )
-
-    def machines(self, method: str, **settings):
-        return self.edge(method, **settings), make_cloud(self.info)
-
-    def run(
-        self, method: str, link: Link | None = None, profile=FLAT_PROFILE, trace=False, **settings
-    ):
-        edge, cloud = self.machines(method, **settings)
-        sim = simulate(
-            edge,
-            cloud,
-            link or Link(bandwidth_bps=1e6, rtt_s=0.02),
-            profile,
-            profile,
-            edge_executor=session_executor(self.draft),
-            cloud_executor=session_executor(self.target),
-            trace=trace,
-        )
-        return sim, edge, cloud
-
-    def exact_joint(self, n: int, **sampling) -> dict[tuple[int, ...], float]:
-        """The enumerated law of the first n target tokens (quantised q̃, as the target samples)."""
-        params = GenerationSettings(**sampling).sampling
-        valid = self.alignment.target_valid
-        law: dict[tuple[int, ...], float] = {(): 1.0}
-        for _ in range(n):
-            grown: dict[tuple[int, ...], float] = {}
-            for prefix, mass in law.items():
-                self.target.reset()
-                logits = self.target.extend([*PROMPT_IDS, *prefix])[-1]
-                q = target_counts(logits, params, valid)
-                for token in np.flatnonzero(q):
-                    grown[(*prefix, int(token))] = mass * q[token] / PROB_SCALE
-            law = grown
-        return law
 
 
 @pytest.fixture(scope="module")
@@ -114,15 +35,6 @@ def hetero_world() -> World:
     return World(shared=False)
 
 
-def _greedy(world: World, n: int) -> list[int]:
-    world.target.reset()
-    logits, out = world.target.extend(PROMPT_IDS)[-1], []
-    for _ in range(n):
-        out.append(int(logits.argmax()))
-        logits = world.target.extend([out[-1]])[-1]
-    return out
-
-
 # ----------------------------------------------------------------------------- greedy exactness
 
 
@@ -130,7 +42,7 @@ def _greedy(world: World, n: int) -> list[int]:
 @pytest.mark.parametrize("method", LOSSLESS)
 def test_greedy_equals_target_greedy_shared(shared_world: World, method: str, gamma: int) -> None:
     sim, _, _ = shared_world.run(method, temperature=0, gamma=gamma, max_new_tokens=25)
-    assert sim.tokens == _greedy(shared_world, 25)
+    assert sim.tokens == greedy(shared_world, 25)
     assert sim.finish_reason == "length"
 
 
@@ -138,7 +50,7 @@ def test_greedy_equals_target_greedy_shared(shared_world: World, method: str, ga
 @pytest.mark.parametrize("method", LOSSLESS_HETERO)
 def test_greedy_equals_target_greedy_hetero(hetero_world: World, method: str, gamma: int) -> None:
     sim, _, _ = hetero_world.run(method, temperature=0, gamma=gamma, max_new_tokens=20)
-    assert sim.tokens == _greedy(hetero_world, 20)
+    assert sim.tokens == greedy(hetero_world, 20)
 
 
 # ----------------------------------------------------------------------------- sampling exactness
@@ -167,7 +79,7 @@ def test_sampling_matches_enumerated_target_law_hetero(hetero_world: World, meth
     assert _tv(emp, law) < 0.06  # 25 outcomes, 2500 samples: E[TV] ≈ 0.03
 
 
-@pytest.mark.parametrize("method", ["sd", "cosd", "xcosd", "xcosd-e"])
+@pytest.mark.parametrize("method", ["sd", "cosd", "xcosd", "xcosd-e", "acespec"])
 def test_sampling_matches_enumerated_target_law_shared(shared_world: World, method: str) -> None:
     law = shared_world.exact_joint(2)
     emp = _empirical(shared_world, method, 2, gamma=3)
@@ -234,7 +146,8 @@ class JitteredProfile:
         return FLAT_PROFILE.seconds(cost) * float(self.rng.uniform(0.3, 3.0))
 
 
-TIMING_CASES = [(m, False) for m in LOSSLESS_HETERO + LOSSY] + [("sd", True), ("cosd", True)]
+SHARED_ONLY = [m for m in METHODS if METHODS[m].shared_vocab_only]
+TIMING_CASES = [(m, False) for m in LOSSLESS_HETERO + LOSSY] + [(m, True) for m in SHARED_ONLY]
 
 
 @pytest.mark.parametrize(("method", "shared"), TIMING_CASES)
@@ -367,10 +280,10 @@ def test_the_cloud_answers_a_message_out_of_place_with_an_error(
 
 
 def test_stop_strings_and_eos_end_generation(shared_world: World) -> None:
-    greedy = _greedy(shared_world, 12)
-    stop = " ".join(map(str, greedy[:5]))
+    reference = greedy(shared_world, 12)
+    stop = " ".join(map(str, reference[:5]))
     sim, _, _ = shared_world.run("xcosd", temperature=0, max_new_tokens=12, stop=(stop,))
-    assert sim.tokens == greedy[:5] and sim.finish_reason == "stop"
+    assert sim.tokens == reference[:5] and sim.finish_reason == "stop"
 
 
 @pytest.mark.parametrize("method", [m for m in METHODS if m not in SPLIT])
@@ -381,7 +294,7 @@ def test_every_method_runs_to_its_length_limit(shared_world: World, method: str)
         assert sum(a + 1 for a in edge.accepted_per_round) >= 9
 
 
-def test_split_inference_sends_activations_and_matches_greedy(tiny_pair_shared) -> None:
+def test_split_inference_sends_activations_and_matchesgreedy(tiny_pair_shared) -> None:
     draft, target = tiny_pair_shared
     pair = wanspec.load_pair(target=target, draft=draft)
     split = wanspec.generate(pair, "hello world", "split", max_new_tokens=10, temperature=0)
@@ -430,3 +343,24 @@ def test_edge_ends_cleanly_on_a_reply_for_the_wrong_round(shared_world: World) -
     actions = edge.handle(MessageReceived(wire.VerifyResult(99, 0, token=1)))
     assert any(isinstance(a, Finish) and a.reason.startswith("error") for a in actions)
     assert any(isinstance(a, Send) and isinstance(a.msg, wire.Error) for a in actions)
+
+
+@pytest.mark.parametrize("method", ["ar", "xcosd", "naive", "xcosd-e"])
+def test_repetition_penalty_is_the_targets_own(tiny_pair_hetero, method: str) -> None:
+    """The penalty needs every earlier target id (prompt included) at every verified row."""
+    import torch
+
+    draft, target = tiny_pair_hetero
+    pair = wanspec.load_pair(target=target, draft=draft)
+    ids = torch.tensor([pair.target_encode("hello hello world")])
+    ref = pair.target.model.generate(
+        ids, max_new_tokens=16, do_sample=False, repetition_penalty=1.8,
+        attention_mask=torch.ones_like(ids),
+    )[0, ids.shape[1]:].tolist()  # fmt: skip
+    plain = wanspec.generate(pair, "hello hello world", method, max_new_tokens=16, temperature=0)
+    res = wanspec.generate(
+        pair, "hello hello world", method, max_new_tokens=16, temperature=0,
+        repetition_penalty=1.8, gamma=3,
+    )  # fmt: skip
+    assert res.token_ids == ref
+    assert plain.token_ids != ref  # the penalty changes this text, so the check has teeth

@@ -9,11 +9,11 @@ from typing import Any
 
 import torch
 
-from wanspec.models.jobs import session_executor
+from wanspec.models.jobs import ComputeCost, session_executor
 from wanspec.protocols.endpoints import TargetInfo
 from wanspec.protocols.registry import get_method, make_cloud, make_edge, target_info
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.sim import Link, Profile, SimResult, simulate
+from wanspec.sim import EmitRecord, Link, Profile, SimResult, load_profile, simulate
 from wanspec.vocab import VocabAlignment
 
 
@@ -123,11 +123,38 @@ def _stats(method: str, sim: SimResult, edge: Any, cloud: Any) -> dict[str, Any]
         stats["acceptance_rate"] = sum(per_round) / drafted
     counters = {**getattr(cloud, "counters", {}), **getattr(edge, "counters", {})}
     stats.update(counters)
+    stats.update(_pipeline_stats(edge, sim))
     return stats
 
 
+def _pipeline_stats(edge: Any, sim: SimResult) -> dict[str, Any]:
+    """Tree-cache figures of the asynchronous methods: hit rate, budget and shape per round,
+    and how long the edge sat idle (neither drafting nor holding a verdict to act on)."""
+    if not hasattr(edge, "cache_hit_rate"):
+        return {}
+    rounds = edge.rounds_log
+    return {
+        "cache_hit_rate": edge.cache_hit_rate,
+        "tree_nodes_per_round": edge.counters.get("tree_nodes", 0) / max(len(rounds), 1),
+        "budget_per_round": [sum(r["fanout"]) + 1 for r in rounds],
+        "fanout_per_round": [r["fanout"] for r in rounds],
+        "edge_idle_s": sim.duration_s - sim.compute_busy_s["edge"],
+    }
+
+
+def _tree_seconds(profile: str | Profile) -> Any:
+    """T_tree(B) of the edge profile for AceSpec's budget, or None where the profile prices
+    only what it measures (then the budget is B_max)."""
+    loaded = load_profile(profile)
+    try:
+        loaded.seconds(ComputeCost("tree", n=1))
+    except (TypeError, ValueError):
+        return None
+    return lambda n: loaded.seconds(ComputeCost("tree", n=n))
+
+
 def generate(
-    pair: Pair,
+    pair: Pair | Any,
     prompt: str,
     method: str = "xcosd-e",
     *,
@@ -136,6 +163,10 @@ def generate(
     edge_profile: str | Profile | None = None,
     cloud_profile: str | Profile | None = None,
     trace: bool = False,
+    server: str | None = None,
+    token: str | None = None,
+    tls_ca: str | Path | bool | None = None,
+    target_tokenizer: Any = None,
     **settings: Any,
 ) -> GenerationResult:
     """Generate with `method` on the discrete-event simulator (virtual time, real models).
@@ -144,9 +175,20 @@ def generate(
     options of `GenerationSettings` (srdv_k, srdv_m, hr_piggyback, tr_k, uhlm_*). Profiles
     price each computation (default "measured": this machine's wall time); `profile` sets both
     sides, `edge_profile` / `cloud_profile` each one. The default link is 100 Mbps, 50 ms RTT.
+
+    With `server="HOST:PORT"` the target runs on a `wanspec serve` server instead, over real TCP
+    (times are wall clock; link and profiles do not apply). `pair` may then also be the draft
+    alone (registry name, folder or LanguageModel) with `target_tokenizer` (e.g. "qwen2.5"), or a
+    `wanspec.net.client.RemotePair` from `load_edge`. `token` (default $WANSPEC_TOKEN) is the
+    server's bearer token; `tls_ca` turns TLS on: a PEM file pins the server's CA, True trusts
+    the system's CAs.
     """
     info = get_method(method)
     gen = GenerationSettings(**settings)
+    if server is not None:
+        remote = {"token": token, "tls_ca": tls_ca, "target_tokenizer": target_tokenizer}
+        return _generate_remote(pair, prompt, info.name, gen, server, **remote)
+    edge_profile = edge_profile or profile or "measured"
     edge = make_edge(
         info.name,
         alignment=pair.alignment,
@@ -156,6 +198,7 @@ def generate(
         target_decode=pair.decode,
         target_encode=pair.target_encode,
         target_model=pair.target.fingerprint,
+        tree_seconds=_tree_seconds(edge_profile),
     )
     cloud = make_cloud(pair.cloud_info)
     edge_model = pair.target if info.family == "split" else pair.draft  # split: target's layers
@@ -163,7 +206,7 @@ def generate(
         edge,
         cloud,
         link if link is not None else Link(bandwidth_bps=100e6, rtt_s=0.05),
-        edge_profile or profile or "measured",
+        edge_profile,
         cloud_profile or profile or "measured",
         edge_executor=session_executor(edge_model),
         cloud_executor=session_executor(pair.target),
@@ -173,3 +216,53 @@ def generate(
         raise RuntimeError(f"the cloud ended the session: {sim.cloud_finish}")
     tokens = sim.tokens
     return GenerationResult(pair.decode(tokens), tokens, _stats(info.name, sim, edge, cloud), sim)
+
+
+def _generate_remote(
+    pair: Any,
+    prompt: str,
+    method: str,
+    gen: GenerationSettings,
+    server: str,
+    *,
+    token: str | None,
+    tls_ca: str | Path | bool | None,
+    target_tokenizer: Any,
+) -> GenerationResult:
+    """`generate` against a server: the same result, wall-clock stats plus transport figures."""
+    from wanspec.net.client import ClientOptions, RemotePair, generate_remote, load_edge
+
+    options = ClientOptions(token=token, tls_ca=tls_ca)
+    if isinstance(pair, RemotePair):
+        edge = pair
+    elif isinstance(pair, Pair):
+        edge = RemotePair.of_pair(pair)
+    elif target_tokenizer is None:
+        raise ValueError("a remote target needs its tokenizer on the edge: pass target_tokenizer=")
+    else:
+        draft, name = _load_lm(pair, torch.float32, None)
+        edge = load_edge(draft, target_tokenizer, server, options, draft_name=name)
+    run = generate_remote(edge, prompt, method, gen, server, options)
+    stats = _stats(method, _wall_record(run), run.edge, None)
+    stats.update(run.transport_stats())
+    return GenerationResult(edge.decode(run.tokens), run.tokens, stats)
+
+
+def _wall_record(run: Any) -> SimResult:
+    """A network run in the simulator's record shape (wall-clock seconds), so that one `_stats`
+    describes both."""
+    drive, by_type = run.drive, run.by_type()
+    return SimResult(
+        finish_reason=drive.finish_reason,
+        duration_s=drive.duration_s,
+        emits=[EmitRecord(t, "edge", ids) for t, ids in drive.emits],
+        bits={"up": run.sent.payload_bits, "down": run.received.payload_bits},
+        messages={"up": run.sent.messages, "down": run.received.messages},
+        bits_by_type={kind: bits for kind, (_, bits) in by_type.items()},
+        messages_by_type={kind: count for kind, (count, _) in by_type.items()},
+        compute_busy_s={"edge": sum(drive.compute_s.values())},
+        compute_by_tag={"edge": dict(drive.compute_s)},
+        computes={"edge": sum(drive.computes.values())},
+        retransmissions={"up": 0, "down": 0},
+        events=drive.events,
+    )

@@ -65,12 +65,18 @@ class Start:
 @dataclass(frozen=True)
 class MessageReceived:
     msg: Any
+    at: float | None = None  # the driver's clock (virtual or wall) at delivery, if it has one
 
 
 @dataclass(frozen=True)
 class ComputeDone:
     job_id: int
     result: Any = None
+    at: float | None = None  # the driver's clock when the computation ended
+
+
+# Machines never read a clock; a driver may stamp events with its own, which a machine may use
+# for estimates that steer effort (AceSpec's tree budget), never for what it samples.
 
 
 Event = Start | MessageReceived | ComputeDone

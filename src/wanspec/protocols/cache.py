@@ -36,3 +36,7 @@ class CacheMirror:
     def forget_after(self, length: int) -> None:
         """Stop assuming anything past `length` tokens (a cancelled job may not have run)."""
         del self._planned[length:]
+
+    def assume(self, tokens: list[int]) -> None:
+        """The session holds `tokens` once the queued jobs have run (e.g. a kept tree path)."""
+        self._planned = [int(t) for t in tokens]

@@ -9,6 +9,7 @@ from typing import Any
 
 from wanspec.protocols import schemes as spec
 from wanspec.protocols.base import Machine
+from wanspec.protocols.budget import BranchPlanner
 from wanspec.protocols.endpoints import (
     CloudEndpoint,
     EdgeMachine,
@@ -16,6 +17,7 @@ from wanspec.protocols.endpoints import (
     TargetInfo,
     short_fingerprint,
 )
+from wanspec.protocols.pipeline import PipelineEdge
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.protocols.speculative import SpecCloud, SpecEdge
 from wanspec.protocols.stream import ArCloud, ArEdge, SplitCloud, SplitEdge
@@ -31,12 +33,12 @@ class MethodInfo:
     shared_vocab_only: bool = False
     aliases: tuple[str, ...] = ()
     source: str = ""
-    family: str = "speculative"  # "speculative", "ar" or "split": which machine pair runs it
+    family: str = "speculative"  # speculative | pipeline | ar | split: which machines run it
 
     @property
     def needs_draft(self) -> bool:
         """Whether the edge drafts (so the cloud needs the draft/target alignment)."""
-        return self.family == "speculative"
+        return self.family in ("speculative", "pipeline")
 
 
 METHODS: dict[str, MethodInfo] = {
@@ -128,6 +130,35 @@ METHODS: dict[str, MethodInfo] = {
             spec.UncertaintySkip,
             source="X-CoSD baseline",
         ),
+        MethodInfo(
+            "picospec",
+            True,
+            "asynchronous single chain: drafts the continuation while the chain is verified; "
+            "flushes and redrafts on a rejection",
+            spec.ResidualDownlink,
+            True,
+            source="AceSpec baseline (PicoSpec)",
+            family="pipeline",
+        ),
+        MethodInfo(
+            "acespec",
+            True,
+            "asynchronous tree cache: top-F_k alternatives per depth drafted while the chain is "
+            "verified; a rejection becomes a cache lookup (network-aware budget, geometric shape)",
+            spec.ResidualDownlink,
+            True,
+            source="AceSpec",
+            family="pipeline",
+        ),
+        MethodInfo(
+            "acespec-x",
+            True,
+            "AceSpec's pipeline on a heterogeneous pair: TLI drafting, the rejected position "
+            "resolved by SR-DV (HR fallback), so the lookup needs no extra round trip",
+            spec.ServerResampleDeviceVerify,
+            source="wanspec (in neither paper)",
+            family="pipeline",
+        ),
     ]
 }
 
@@ -167,9 +198,11 @@ def make_edge(
     target_decode: Callable[[list[int]], str],
     target_encode: Callable[[str], list[int]] | None = None,
     target_model: str = "",
+    tree_seconds: Callable[[int], float] | None = None,
 ) -> EdgeMachine:
     """The edge machine of one request. It needs no model: its jobs run on the driver's
-    executor (the draft model; for `split`, the target's embedding layer)."""
+    executor (the draft model; for `split`, the target's embedding layer). `tree_seconds(B)`
+    prices one tree pass of B tips on this edge (AceSpec's budget; None: always B_max)."""
     info = get_method(method)
     if info.shared_vocab_only and not alignment.is_identity:
         raise ValueError(
@@ -188,13 +221,32 @@ def make_edge(
     if info.family == "split":
         if target_encode is None:
             raise ValueError("split inference needs the target tokenizer on the edge")
+        if settings.sampling.needs_context:
+            raise ValueError("split inference cannot apply a repetition penalty (see stream.py)")
         return SplitEdge(prompt_ids=target_encode(prompt), **common)
     assert info.scheme is not None
-    return SpecEdge(
+    drafting = dict(
         scheme=info.scheme(),
         alignment=alignment,
         prompt_draft_ids=draft_encode(prompt),
         **common,
+    )
+    if info.family == "pipeline":
+        return PipelineEdge(planner=_planner(info.name, settings, tree_seconds), **drafting)
+    return SpecEdge(**drafting)
+
+
+def _planner(
+    method: str, settings: GenerationSettings, tree_seconds: Callable[[int], float] | None
+) -> BranchPlanner | None:
+    """AceSpec's budget and shape policy (None for PicoSpec: no branches at all)."""
+    if method == "picospec":
+        return None
+    return BranchPlanner(
+        b_max=settings.tree_budget,
+        mode=settings.tree_allocation,
+        tree_seconds=None if settings.tree_fixed else tree_seconds,
+        fixed_budget=settings.tree_budget if settings.tree_fixed else None,
     )
 
 
@@ -213,7 +265,12 @@ def cloud_machine(
         return SplitCloud(target, settings)
     assert info.scheme is not None
     return SpecCloud(
-        scheme=info.scheme(), target=target, alignment=alignment, settings=settings, prompt=prompt
+        scheme=info.scheme(),
+        target=target,
+        alignment=alignment,
+        settings=settings,
+        prompt=prompt,
+        bonus=info.family != "pipeline",
     )
 
 

@@ -24,6 +24,8 @@ MAX_SRDV_K = DEFAULT_LIMITS.max_candidates
 # Tokens travel in rounds, so the wire sets no hard cap on a whole generation; this one only
 # catches typos: 2^20 tokens is beyond the context of every supported model.
 MAX_NEW_TOKENS = 1 << 20
+# AceSpec's tree: branch tips extended together in one pass (the edge's batch limit).
+MAX_TREE_TIPS = 1024
 # Seeds travel as JSON integers and seed numpy; keep them within an int64 like every counter.
 MAX_SEED = (1 << 63) - 1
 
@@ -65,6 +67,12 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "uhlm_threshold": (_real_in(0.0, 1.0), "a number in [0, 1]"),
     "ignore_eos": (_is_bool, "True or False"),
     "hr_piggyback": (_is_bool, "True or False"),
+    "tree_budget": (_int_in(1, MAX_TREE_TIPS), f"an integer in [1, {MAX_TREE_TIPS}]"),
+    "tree_allocation": (
+        lambda v: v in ("single", "uniform", "geometric"),
+        "'single', 'uniform' or 'geometric'",
+    ),
+    "tree_fixed": (_is_bool, "True or False"),
 }
 
 
@@ -89,6 +97,9 @@ class GenerationSettings:
     uhlm_threshold: float = 0.5
     min_p: float = 0.0  # 0 = off
     repetition_penalty: float = 1.0  # 1.0 = off
+    tree_budget: int = 16  # AceSpec: B_max, branch tips per tree pass (the main one included)
+    tree_allocation: str = "geometric"  # AceSpec: how tips spread over depths (the ablation)
+    tree_fixed: bool = False  # AceSpec: always use tree_budget, ignoring the network window
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):

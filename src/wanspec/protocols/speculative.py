@@ -10,7 +10,7 @@ answers. Methods differ only in what happens at a rejection, which is a `Scheme`
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -82,6 +82,9 @@ class SpecEdge(EdgeMachine):
         super().__init__(EdgeState.DRAFTING, **kwargs)
         self.scheme, self.alignment = scheme, alignment
         self.rng = request_rng(self.settings.seed, "edge")
+        # The draft may propose from any law it reports exactly; it leaves the repetition
+        # penalty (which needs the target-side context) to the target's q.
+        self.draft_params = replace(self.settings.sampling, repetition_penalty=1.0)
         self.common = alignment.in_common
         self.cache = CacheMirror()
         self.draft_ctx: list[int] = list(prompt_draft_ids)
@@ -111,7 +114,7 @@ class SpecEdge(EdgeMachine):
     def _take(self, logits: Any) -> None:
         rnd = self.round
         projected = self.alignment.project_draft_logits(logits.float())
-        counts = quantize(warp_probs(projected.unsqueeze(0), self.settings.sampling)[0])
+        counts = quantize(warp_probs(projected.unsqueeze(0), self.draft_params)[0])
         token = sample(counts, self.rng)
         rnd.tokens.append(token)
         rnd.draft_ids.append(int(self.alignment.target_to_draft[token]))
@@ -234,8 +237,10 @@ class SpecCloud(Machine):
         alignment: VocabAlignment,
         settings: GenerationSettings,
         prompt: str,
+        bonus: bool = True,
     ) -> None:
         super().__init__(CloudState.IDLE)
+        self.bonus = bonus  # False: pipelines verify the next chain's first token there instead
         self.scheme, self.alignment, self.settings = scheme, alignment, settings
         self.rng = request_rng(settings.seed, "cloud")
         self.common = alignment.in_common
@@ -294,8 +299,12 @@ class SpecCloud(Machine):
         msg, self.verifying = self.verifying, None
         assert msg is not None
         params = self.settings.sampling
-        targets = [target_counts(row, params, self.valid) for row in result]
         tokens = list(msg.tokens)
+        context = [*self.prompt_ids, *self.output]
+        targets = [
+            target_counts(row, params, self.valid, [*context, *tokens[:i]])
+            for i, row in enumerate(result)
+        ]
         probs, unverified, dists = self._draft_side(msg, tokens)
         accepted = verify_chain(tokens, probs, targets, self.rng, unverified=unverified)
         self.output.extend(tokens[:accepted])
@@ -303,7 +312,7 @@ class SpecCloud(Machine):
         if accepted == len(tokens):
             self.rejection = None
             self.state = CloudState.IDLE
-            bonus = sample(targets[-1], self.rng)
+            bonus = sample(targets[-1], self.rng) if self.bonus else None
             actions = self._reply(wire.VerifyResult(msg.round, accepted, token=bonus))
         else:
             self.count("rejections")

@@ -95,7 +95,8 @@ class StreamCloud(Machine):
         self.produced = 0
 
     def on_compute(self, purpose: str, result: Any) -> list[Action]:
-        counts = target_counts(result[-1], self.settings.sampling, self.target.vocab.target_valid)
+        valid = self.target.vocab.target_valid
+        counts = target_counts(result[-1], self.settings.sampling, valid, self.seen_ids())
         token = sample(counts, self.rng)
         self.produced += 1
         done = self.produced >= self.settings.max_new_tokens or token in self.eos
@@ -105,6 +106,10 @@ class StreamCloud(Machine):
 
     def next_step(self, token: int) -> list[Action]:
         raise NotImplementedError
+
+    def seen_ids(self) -> list[int] | None:
+        """The target ids before the next position, for a repetition penalty."""
+        return None
 
 
 class ArCloud(StreamCloud):
@@ -121,6 +126,9 @@ class ArCloud(StreamCloud):
     def on_message(self, msg: Any) -> list[Action]:
         return self.finish("closed by edge")
 
+    def seen_ids(self) -> list[int] | None:
+        return self.context
+
     def next_step(self, token: int) -> list[Action]:
         self.context.append(token)
         return [self.compute("forward", self.cache.plan(self.context))]
@@ -132,6 +140,11 @@ class SplitCloud(StreamCloud):
     def __init__(self, target: TargetInfo, settings: GenerationSettings) -> None:
         if not target.accepts_activations:
             raise ValueError("split inference needs a target model that accepts activations")
+        if settings.sampling.needs_context:
+            raise ValueError(
+                "split inference cannot apply a repetition penalty: the cloud never sees the "
+                "prompt's token ids, only activations"
+            )
         super().__init__(target, settings)
         self.length = 0
 

@@ -299,7 +299,7 @@ class _Simulation:
             retries=tx.retries,
             msg=sent,
         )
-        self.push(tx.arrival, _OTHER[side.name], MessageReceived(msg))
+        self.push(tx.arrival, _OTHER[side.name], MessageReceived(msg, tx.arrival))
 
     def start_next_compute(self, side: _Side) -> None:
         if side.busy or not side.queue:
@@ -323,7 +323,9 @@ class _Simulation:
         side.by_tag[kind] = side.by_tag.get(kind, 0.0) + duration
         side.computes += 1
         self.record(side.name, "compute_start", job=kind, cost=action.cost, seconds=duration)
-        self.push(self.now + duration, side.name, ComputeDone(action.job_id, result))
+        self.push(
+            self.now + duration, side.name, ComputeDone(action.job_id, result, self.now + duration)
+        )
 
     def result(self) -> SimResult:
         assert self.finish is not None

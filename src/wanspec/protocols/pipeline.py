@@ -1,0 +1,302 @@
+"""Asynchronous pipelines: PicoSpec, AceSpec, and AceSpec across vocabularies (`acespec-x`).
+
+One main chain is in flight at a time, as in AceSpec's Algorithm 1. While the cloud verifies it,
+the edge drafts ahead instead of idling:
+- PicoSpec drafts the continuation after the chain, assuming it will all be accepted;
+- AceSpec also drafts alternative branches: at each chain depth k the top-F_k draft tokens other
+  than x_k, each continued for γ tokens, all tips extended together in ONE tree pass per depth.
+On the reply the edge resolves the rejected position exactly (the method's scheme: the sparse
+target distribution for `picospec`/`acespec`, SR-DV with the HR fallback for `acespec-x`), then
+looks up the outcome (π, token): a hit makes that branch's continuation the next main chain at
+once (its KV entries kept behind the verified prefix, the rest dropped); a miss cancels the tree
+and redrafts. At full acceptance the cloud samples no bonus token: the continuation's first token
+is verified at that position instead, which is the same law and gives the papers' E[L].
+
+Draft tokens are sampled with a random stream keyed by (seed, output position), so a token
+drafted inside the tree is exactly the token a redraft would give there: the cache only saves
+draft work, and a run's tokens do not depend on the tree's shape, the budget or the timing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+from wanspec import wire
+from wanspec.models.jobs import KeepTreePath, TreeForward
+from wanspec.protocols.base import Action, ComputeDone, Event, MessageReceived, ProtocolError
+from wanspec.protocols.budget import BranchPlanner, residual_capture
+from wanspec.protocols.speculative import EdgeState, Round, SpecEdge
+from wanspec.sampling import Counts, quantize, sample, warp_probs
+
+
+def draft_rng(seed: int, position: int) -> np.random.Generator:
+    """The edge's draft stream for one output position (independent of every other stream)."""
+    return np.random.default_rng([seed, 2, position])
+
+
+@dataclass
+class Branch:
+    """One drafted continuation in the tree: after the main chain (`depth` = γ, `root` = x_γ)
+    or replacing chain token `depth` by the alternative `root`."""
+
+    depth: int
+    root: int
+    nodes: list[int] = field(default_factory=list)  # tree nodes fed: root, c_1, …, c_{γ−1}
+    tokens: list[int] = field(default_factory=list)  # drafted c_1 … c_γ (target ids)
+    draft_ids: list[int] = field(default_factory=list)
+    probs: list[int] = field(default_factory=list)
+    dists: list[Counts] = field(default_factory=list)
+
+    @property
+    def first_position_offset(self) -> int:
+        """Output offset (from the chain's start) of the branch's first drafted token."""
+        return self.depth + 1
+
+
+@dataclass
+class Speculation:
+    """The work drafted ahead while one chain is in flight."""
+
+    branches: list[Branch]
+    passes_done: int = 0
+    passes_planned: int = 0
+    nodes: int = 0
+
+    def find(self, depth: int, root: int | None) -> Branch | None:
+        for branch in self.branches:
+            if branch.depth == depth and (root is None or branch.root == root):
+                return branch
+        return None
+
+
+class PipelineEdge(SpecEdge):
+    """The edge of `picospec`, `acespec` and `acespec-x` (see the module docstring)."""
+
+    def __init__(self, *, planner: BranchPlanner | None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.planner = planner
+        self.spec: Speculation | None = None
+        self.pending_key: tuple[int, int | None] | None = None
+        self.sent_at: float | None = None
+        self.now: float | None = None
+        self.alternatives: list[list[int]] = []  # per chain depth: candidate target ids, best first
+        self.round_ctx: list[int] = []  # the draft context the current chain extends
+        self.rounds_log: list[dict[str, Any]] = []
+
+    # ---- clock stamps (for the budget only)
+    def handle(self, event: Event) -> list[Action]:
+        if isinstance(event, MessageReceived | ComputeDone) and event.at is not None:
+            self.now = event.at
+        return super().handle(event)
+
+    # ---- drafting the main chain
+    def _begin_round(self) -> list[Action]:
+        self.alternatives = []
+        self.round_ctx = list(self.draft_ctx)
+        return super()._begin_round()
+
+    def _take(self, logits: Any) -> None:
+        rnd = self.round
+        projected = self._draft_into(rnd, logits, self.generated + len(rnd.tokens))
+        self.alternatives.append(self._ranked(projected, rnd.tokens[-1]))
+
+    def _draft_into(self, chain: Round | Branch, logits: Any, position: int) -> torch.Tensor:
+        """Draw the draft token at output `position` from its own keyed stream and append it
+        (with its draft id, p(x) and p) to a chain; returns the projected draft logits."""
+        counts, projected = self._draft_counts(logits)
+        token = sample(counts, draft_rng(self.settings.seed, position))
+        chain.tokens.append(token)
+        chain.draft_ids.append(int(self.alignment.target_to_draft[token]))
+        chain.probs.append(int(counts[token]))
+        chain.dists.append(counts)
+        return projected
+
+    def _draft_counts(self, logits: Any) -> tuple[Counts, torch.Tensor]:
+        projected = self.alignment.project_draft_logits(logits.float())
+        counts = quantize(warp_probs(projected.unsqueeze(0), self.draft_params)[0])
+        return counts, projected
+
+    def _ranked(self, projected: torch.Tensor, exclude: int) -> list[int]:
+        """Draft tokens by decreasing draft logit, `exclude` left out (AceSpec's proxy for where
+        the residual mass lies); as many as the largest fan-out can use."""
+        limit = 0 if self.planner is None else self.planner.b_max
+        if limit == 0:
+            return []
+        k = min(limit + 1, projected.shape[-1])
+        values, ids = torch.topk(projected, k)
+        return [int(i) for v, i in zip(values, ids, strict=True) if v > -np.inf and i != exclude][
+            :limit
+        ]
+
+    def _upload(self) -> list[Action]:
+        actions = super()._upload()
+        self.sent_at = self.now
+        return [*actions, *self._speculate()]
+
+    # ---- drafting ahead while the chain is in flight
+    def _speculate(self) -> list[Action]:
+        rnd, gamma = self.round, self.settings.gamma
+        fanout = self.planner.plan(gamma) if self.planner is not None else [0] * gamma
+        branches = [Branch(gamma, rnd.tokens[-1])]
+        for depth, width in enumerate(fanout):
+            branches += [Branch(depth, a) for a in self.alternatives[depth][:width]]
+        self.spec = Speculation(branches, passes_planned=gamma)
+        self.count("tree_rounds")
+        self.count("tree_branches", len(branches) - 1)
+        self.rounds_log.append({"round": rnd.index, "fanout": list(fanout)})
+        return [self._tree_pass()]
+
+    def _tree_pass(self) -> Any:
+        spec, gamma = self.spec, self.settings.gamma
+        assert spec is not None
+        tokens, parents = [], []
+        for branch in spec.branches:
+            if spec.passes_done == 0:
+                tokens.append(int(self.alignment.target_to_draft[branch.root]))
+                parents.append(-(gamma - branch.depth) if branch.depth < gamma else -1)
+            else:
+                tokens.append(branch.draft_ids[-1])
+                parents.append(branch.nodes[-1])
+            branch.nodes.append(spec.nodes + len(tokens) - 1)
+        spec.nodes += len(tokens)
+        self.count("tree_nodes", len(tokens))
+        context = self.cache.tokens
+        return self.compute("tree", TreeForward(tuple(tokens), tuple(parents), len(context)))
+
+    def on_compute(self, purpose: str, result: Any) -> list[Action]:
+        if purpose == "draft":
+            return super().on_compute(purpose, result)
+        if purpose == "keep":
+            return []
+        spec = self.spec
+        assert spec is not None
+        for branch, row in zip(spec.branches, result, strict=True):
+            self._extend_branch(branch, row)
+        spec.passes_done += 1
+        if spec.passes_done < spec.passes_planned:
+            return [self._tree_pass()]
+        if self.pending_key is not None:
+            key, self.pending_key = self.pending_key, None
+            return self._continue(key)
+        return []
+
+    def _extend_branch(self, branch: Branch, logits: Any) -> None:
+        position = self.generated + branch.first_position_offset + len(branch.tokens)
+        self._draft_into(branch, logits, position)
+
+    # ---- the verdict
+    def on_reply(self, msg: Any) -> list[Action]:
+        if isinstance(msg, wire.VerifyResult) and self.state == EdgeState.WAITING:
+            rnd = self.round
+            if msg.round == rnd.index and msg.accepted == len(rnd.tokens) and msg.token is None:
+                return self._all_accepted(rnd)
+            if msg.round == rnd.index and msg.accepted < len(rnd.tokens):
+                self._observe_capture(rnd, msg)
+        return super().on_reply(msg)
+
+    def _observe_capture(self, rnd: Round, msg: wire.VerifyResult) -> None:
+        """Where the residual mass lay among the draft's alternatives (for β), when the reply
+        carries the whole target distribution of the rejected position."""
+        width = self.alignment.target_width
+        if self.planner is None or msg.dist is None or msg.dist.width != width or msg.truncated:
+            return
+        draft = rnd.dists[msg.accepted]
+        residual = np.maximum(msg.dist.to_dense() - draft, 0)
+        if residual.sum() > 0:
+            curve = residual_capture(residual, draft, rnd.tokens[msg.accepted], self.planner.b_max)
+            self.planner.observe_capture(curve)
+
+    def _observe(self, accepted: int) -> None:
+        if self.planner is None:
+            return
+        if self.sent_at is not None and self.now is not None:
+            self.planner.observe_window(self.now - self.sent_at)
+        self.planner.observe_round(accepted, self.settings.gamma)
+
+    def _all_accepted(self, rnd: Round) -> list[Action]:
+        self._observe(len(rnd.tokens))
+        actions = self._commit(rnd, len(rnd.tokens), [])
+        return actions if self.done else [*actions, *self._continue((len(rnd.tokens), None))]
+
+    def finish_round(
+        self, rnd: Round, accepted: int, token: int, *, decided_by_edge: bool
+    ) -> list[Action]:
+        """The rejected position is resolved: commit, then look the outcome up in the tree."""
+        self._observe(accepted)
+        if decided_by_edge:
+            self.pending_echo.append(int(token))
+        actions = self._commit(rnd, accepted, [int(token)])
+        return actions if self.done else [*actions, *self._continue((accepted, int(token)))]
+
+    def _commit(self, rnd: Round, accepted: int, extra: list[int]) -> list[Action]:
+        if any(not 0 <= t < self.alignment.target_width for t in extra):
+            raise ProtocolError(f"token {extra} is outside the target vocabulary")
+        self.accepted_per_round.append(accepted)
+        new = [*rnd.tokens[:accepted], *extra]
+        self.generated += len(new)
+        actions, done = self.emit(new)
+        if not done:
+            for t in new:
+                self._sync_draft_context(t)
+        return actions
+
+    def _continue(self, key: tuple[int, int | None]) -> list[Action]:
+        spec = self.spec
+        branch = None if spec is None else spec.find(*key)
+        if branch is not None and spec.passes_done < spec.passes_planned:
+            self.pending_key = key  # a hit whose branch is still being drafted: wait for it
+            self.count("pipeline_stalls")
+            return []
+        if branch is not None and self._fits(branch):
+            return self._hit(branch)
+        self.count("cache_misses")
+        self.count("redrafts")
+        if spec is not None:
+            self.count("wasted_tree_nodes", spec.nodes)
+        self.spec = None
+        return [*self.cancel_all(), *self._begin_round()]
+
+    def _fits(self, branch: Branch) -> bool:
+        """The kept cache path must spell exactly the committed draft context (across
+        vocabularies the retokeniser may spell committed text differently)."""
+        chain = self.round.draft_ids[: min(branch.depth, self.settings.gamma - 1)]
+        root = int(self.alignment.target_to_draft[branch.root])
+        return self.draft_ctx == [*self.round_ctx, *chain, root]
+
+    def _hit(self, branch: Branch) -> list[Action]:
+        spec = self.spec
+        assert spec is not None
+        self.count("cache_hits")
+        self.count("wasted_tree_nodes", spec.nodes - len(branch.nodes))
+        gamma = self.settings.gamma
+        keep = self.compute("keep", KeepTreePath(tuple(branch.nodes[:gamma])))
+        self.cache.assume([*self.draft_ctx, *branch.draft_ids[: gamma - 1]])
+        self.spec = None
+        self.state = EdgeState.DRAFTING
+        self.round_ctx = list(self.draft_ctx)
+        self.round = Round(self._rounds, self.generated - len(self.pending_echo))
+        self._rounds += 1
+        rnd = self.round
+        rnd.tokens, rnd.draft_ids = list(branch.tokens), list(branch.draft_ids)
+        rnd.probs, rnd.dists = list(branch.probs), list(branch.dists)
+        self.alternatives = self._alternatives_of(branch)
+        return [keep, *self._upload()]
+
+    def _alternatives_of(self, branch: Branch) -> list[list[int]]:
+        """Alternatives for a chain that came from the tree: ranked by its draft counts (the
+        tree kept no logits), the chain token left out."""
+        limit = 0 if self.planner is None else self.planner.b_max
+        ranked = []
+        for token, counts in zip(branch.tokens, branch.dists, strict=True):
+            order = np.argsort(-counts, kind="stable")[: limit + 1]
+            ranked.append([int(t) for t in order if counts[t] > 0 and t != token][:limit])
+        return ranked
+
+    @property
+    def cache_hit_rate(self) -> float | None:
+        hits, misses = self.counters.get("cache_hits", 0), self.counters.get("cache_misses", 0)
+        return hits / (hits + misses) if hits + misses else None

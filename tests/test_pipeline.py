@@ -1,0 +1,167 @@
+"""The asynchronous pipelines (picospec, acespec, acespec-x) on the simulator.
+
+The tree cache only saves draft work: with draft tokens keyed by output position, every pipeline
+run of a seed gives the very same tokens whatever the tree's shape, budget or timing, which makes
+"the cache is exact" a deterministic check. The statistical law and greedy checks of every
+lossless method (these included) live in test_protocols.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from wanspec.models.jobs import ComputeCost, session_executor
+from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
+from wanspec.models.tiny import build_tokenizer
+from wanspec.protocols.registry import make_cloud, make_edge, target_info
+from wanspec.protocols.settings import GenerationSettings
+from wanspec.sim import Link, load_profile, simulate
+from wanspec.vocab import VocabAlignment
+from worlds import World
+
+
+@pytest.fixture(scope="module")
+def shared_world() -> World:
+    return World(shared=True)
+
+
+@pytest.fixture(scope="module")
+def hetero_world() -> World:
+    return World(shared=False)
+
+
+TREE_VARIANTS = [
+    dict(tree_budget=1),
+    dict(tree_budget=4, tree_allocation="uniform", tree_fixed=True),
+    dict(tree_budget=16, tree_allocation="single", tree_fixed=True),
+    dict(tree_budget=24, tree_allocation="geometric"),
+]
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_the_tree_never_changes_the_tokens(shared_world: World, seed: int) -> None:
+    settings = dict(seed=seed, max_new_tokens=24, temperature=1.2, gamma=3)
+    reference, pico, _ = shared_world.run("picospec", **settings)
+    hit_rates = []
+    for k, variant in enumerate(TREE_VARIANTS):
+        link = Link(bandwidth_bps=1e5 * (k + 1), rtt_s=0.03 * (k + 1), jitter_s=0.01, seed=k)
+        sim, edge, _ = shared_world.run("acespec", link=link, **settings, **variant)
+        assert sim.tokens == reference.tokens
+        hit_rates.append(edge.cache_hit_rate)
+    assert max(hit_rates) > pico.cache_hit_rate  # the alternatives were really used
+
+
+def test_acespec_x_tokens_do_not_depend_on_the_tree(hetero_world: World) -> None:
+    settings = dict(seed=7, max_new_tokens=20, temperature=1.0, gamma=2, srdv_k=2)
+    runs = [hetero_world.run("acespec-x", tree_budget=b, **settings)[0] for b in (1, 8, 32)]
+    assert runs[0].tokens == runs[1].tokens == runs[2].tokens
+
+
+def test_every_pipeline_message_is_small_and_has_no_bonus(shared_world: World) -> None:
+    sim, edge, cloud = shared_world.run("acespec", max_new_tokens=30, seed=3, gamma=3, trace=True)
+    replies = [r.info["msg"] for r in sim.trace if r.what == "send" and r.side == "cloud"]
+    verdicts = [m for m in replies if type(m).__name__ == "VerifyResult"]
+    full = [m for m in verdicts if m.accepted == 3]
+    assert full and all(m.token is None and m.dist is None for m in full)
+    rejected = [m for m in verdicts if m.accepted < 3]
+    assert rejected and all(m.dist is not None and m.token is None for m in rejected)
+    assert len(edge.accepted_per_round) == cloud.counters["rounds"]
+
+
+# ----------------------------------------------------------------------------- analysis
+
+EDGE_MS, TREE_MS, CLOUD_MS, RTT = 20.0, 20.0, 35.0, 0.1
+
+
+def _iid_run(method: str, alpha: float, gamma: int, seed: int, **settings):
+    """The synthetic i.i.d. pair: each draft is accepted independently with probability α."""
+    alignment = VocabAlignment.identity(build_tokenizer("bytelevel", 300))
+    spec = SyntheticSpec(alpha, vocab_size=alignment.target_width, seed=seed)
+    draft, target = SyntheticLM(spec, "draft"), SyntheticLM(spec, "target")
+    edge_profile = load_profile({"name": "edge", "forward_ms": {"1": EDGE_MS, "64": EDGE_MS},
+                                 "tree_ms": {"1": TREE_MS, "64": TREE_MS}})  # fmt: skip
+    cloud_profile = load_profile({"name": "cloud", "forward_ms": {"1": CLOUD_MS, "64": CLOUD_MS}})
+    gen = GenerationSettings(gamma=gamma, max_new_tokens=300, seed=seed, **settings)
+    edge = make_edge(
+        method,
+        alignment=alignment,
+        prompt="",
+        settings=gen,
+        draft_encode=lambda _: [1, 2, 3],
+        target_decode=lambda ids: "",
+        tree_seconds=lambda n: edge_profile.seconds(ComputeCost("tree", n=n)),
+    )
+    cloud = make_cloud(target_info(target, lambda _: [1, 2, 3], (alignment,)))
+    sim = simulate(
+        edge,
+        cloud,
+        Link(bandwidth_bps=math.inf, rtt_s=RTT),
+        edge_profile,
+        cloud_profile,
+        edge_executor=session_executor(draft),
+        cloud_executor=session_executor(target),
+        trace=True,
+    )
+    sends = [r.t for r in sim.trace if r.what == "send" and type(r.info["msg"]).__name__ == "Draft"]
+    return sim, edge, np.diff(sends)
+
+
+@pytest.mark.parametrize(("alpha", "gamma"), [(0.6, 3), (0.8, 4)])
+def test_picospec_hits_exactly_when_the_whole_chain_survives(alpha: float, gamma: int) -> None:
+    hits = misses = 0
+    for seed in range(8):
+        _, edge, _ = _iid_run("picospec", alpha, gamma, seed)
+        hits += edge.counters.get("cache_hits", 0)
+        misses += edge.counters.get("cache_misses", 0)
+    rate, n = hits / (hits + misses), hits + misses
+    assert rate == pytest.approx(alpha**gamma, abs=4 * math.sqrt(alpha**gamma / n))
+
+
+@pytest.mark.parametrize(("method", "alpha", "gamma"), [("picospec", 0.6, 3), ("acespec", 0.6, 3),
+                                                        ("acespec", 0.8, 4)])  # fmt: skip
+def test_cycle_time_is_ideal_plus_the_miss_penalty(method: str, alpha: float, gamma: int) -> None:
+    """E[T] = T_ideal + (1 − P_hit)·T_bubble with, for one chain in flight (Algorithm 1),
+    T_ideal = max(γ·T_tree, RTT + T_verify) and T_bubble = T_redraft(γ) = γ·T_draft: the RTT is
+    paid in every cycle, hit or miss, so a miss adds only the redraft (SPEC.md's RTT + T_redraft
+    counts the RTT twice for this pipeline)."""
+    cycles, hits, rounds = [], 0, 0
+    for seed in range(6):
+        _, edge, gaps = _iid_run(method, alpha, gamma, seed, tree_budget=8)
+        cycles += list(gaps[1:-1])
+        hits += edge.counters.get("cache_hits", 0)
+        rounds += edge.counters.get("cache_hits", 0) + edge.counters.get("cache_misses", 0)
+    p_hit = hits / rounds
+    t_ideal = max(gamma * TREE_MS, RTT * 1e3 + CLOUD_MS) / 1e3
+    expected = t_ideal + (1 - p_hit) * gamma * EDGE_MS / 1e3
+    assert np.mean(cycles) == pytest.approx(expected, rel=0.03)
+
+
+def test_the_budget_follows_the_round_trip_and_stays_under_b_max() -> None:
+    budgets = {}
+    for rtt in (0.02, 0.08, 2.0):
+        world_link = Link(bandwidth_bps=math.inf, rtt_s=rtt)
+        alignment = VocabAlignment.identity(build_tokenizer("bytelevel", 300))
+        spec = SyntheticSpec(0.6, vocab_size=alignment.target_width, seed=1)
+        draft, target = SyntheticLM(spec, "draft"), SyntheticLM(spec, "target")
+        per_tip = load_profile({"name": "e", "forward_ms": {"1": 5.0, "64": 5.0},
+                                "tree_ms": {"1": 5.0, "64": 69.0}})  # fmt: skip
+        edge = make_edge(
+            "acespec",
+            alignment=alignment,
+            prompt="",
+            settings=GenerationSettings(gamma=3, max_new_tokens=60, tree_budget=40),
+            draft_encode=lambda _: [1, 2, 3],
+            target_decode=lambda ids: "",
+            tree_seconds=lambda n, p=per_tip: p.seconds(ComputeCost("tree", n=n)),
+        )
+        cloud = make_cloud(target_info(target, lambda _: [1, 2, 3], (alignment,)))
+        executors = dict(
+            edge_executor=session_executor(draft), cloud_executor=session_executor(target)
+        )
+        simulate(edge, cloud, world_link, per_tip, per_tip, **executors)
+        budgets[rtt] = [sum(r["fanout"]) + 1 for r in edge.rounds_log][1:]
+    assert max(budgets[0.02]) < min(budgets[0.08]) <= max(budgets[0.08]) < 40
+    assert set(budgets[2.0]) == {40}  # B_max caps a long round trip

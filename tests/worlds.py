@@ -1,0 +1,98 @@
+"""A synthetic world for protocol tests: synthetic draft/target LMs with an alignment built from
+real tiny tokenizers, run on the simulator with a flat compute profile."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from wanspec.models.jobs import session_executor
+from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
+from wanspec.models.tiny import build_tokenizer
+from wanspec.protocols.registry import make_cloud, make_edge, target_info
+from wanspec.protocols.settings import GenerationSettings
+from wanspec.sampling import PROB_SCALE, target_counts
+from wanspec.sim import Link, load_profile, simulate
+from wanspec.vocab import VocabAlignment
+
+FLAT_PROFILE = load_profile({"name": "flat", "forward_ms": {"1": 1.0, "64": 2.0}})
+PROMPT_IDS = [5, 9, 17]
+
+
+class World:
+    """Synthetic draft/target LMs plus an alignment from real tiny tokenizers."""
+
+    def __init__(self, shared: bool) -> None:
+        target_tok = build_tokenizer("bytelevel", 300)
+        draft_tok = target_tok if shared else build_tokenizer("metaspace", 160)
+        self.alignment = VocabAlignment.build(draft_tok, target_tok)
+        t_spec = SyntheticSpec(0.6, vocab_size=self.alignment.target_width, seed=1)
+        d_spec = (
+            t_spec
+            if shared
+            else SyntheticSpec(
+                0.6,
+                vocab_size=self.alignment.draft_width,
+                seed=2,
+                target_support=40,
+                draft_extra=40,
+            )
+        )
+        self.target = SyntheticLM(t_spec, "target")
+        self.draft = SyntheticLM(d_spec, "draft")
+
+        self.info = target_info(self.target, lambda _: list(PROMPT_IDS), (self.alignment,))
+
+    def edge(self, method: str, **settings):
+        return make_edge(
+            method,
+            alignment=self.alignment,
+            prompt="synthetic",
+            settings=GenerationSettings(**settings),
+            draft_encode=lambda _: list(PROMPT_IDS),
+            target_decode=lambda ids: " ".join(map(str, ids)),
+            target_model=self.target.fingerprint,
+        )
+
+    def machines(self, method: str, **settings):
+        return self.edge(method, **settings), make_cloud(self.info)
+
+    def run(
+        self, method: str, link: Link | None = None, profile=FLAT_PROFILE, trace=False, **settings
+    ):
+        edge, cloud = self.machines(method, **settings)
+        sim = simulate(
+            edge,
+            cloud,
+            link or Link(bandwidth_bps=1e6, rtt_s=0.02),
+            profile,
+            profile,
+            edge_executor=session_executor(self.draft),
+            cloud_executor=session_executor(self.target),
+            trace=trace,
+        )
+        return sim, edge, cloud
+
+    def exact_joint(self, n: int, **sampling) -> dict[tuple[int, ...], float]:
+        """The enumerated law of the first n target tokens (quantised q̃, as the target samples)."""
+        params = GenerationSettings(**sampling).sampling
+        valid = self.alignment.target_valid
+        law: dict[tuple[int, ...], float] = {(): 1.0}
+        for _ in range(n):
+            grown: dict[tuple[int, ...], float] = {}
+            for prefix, mass in law.items():
+                self.target.reset()
+                logits = self.target.extend([*PROMPT_IDS, *prefix])[-1]
+                q = target_counts(logits, params, valid)
+                for token in np.flatnonzero(q):
+                    grown[(*prefix, int(token))] = mass * q[token] / PROB_SCALE
+            law = grown
+        return law
+
+
+def greedy(world: World, n: int) -> list[int]:
+    world.target.reset()
+    logits, out = world.target.extend(PROMPT_IDS)[-1], []
+    for _ in range(n):
+        out.append(int(logits.argmax()))
+        logits = world.target.extend([out[-1]])[-1]
+    return out
