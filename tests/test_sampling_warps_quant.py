@@ -62,7 +62,25 @@ def test_greedy_has_no_logits_warp() -> None:
         warp_logits(torch.zeros(1, 3), SamplingParams(0.0))
 
 
-@pytest.mark.parametrize("params", [SamplingParams(0.0), SamplingParams(0.8, top_k=3, top_p=0.9)])
+@pytest.mark.parametrize("top_p,kept", [(0.5, 2), (0.75, 3)])
+def test_top_p_drops_a_tail_of_mass_exactly_one_minus_p(top_p: float, kept: int) -> None:
+    """Four equal logits: the tail masses 0.25, 0.5, 0.75 are exact in float32, so the boundary
+    (`<=`, as transformers has it) decides how many survive."""
+    logits = torch.zeros(1, 4)
+    ours = warp_logits(logits, SamplingParams(1.0, top_p=top_p))
+    assert int(torch.isfinite(ours).sum()) == kept
+    theirs = transformers_warp(logits.clone(), SamplingParams(1.0, top_p=top_p))
+    assert torch.equal(torch.isinf(ours), torch.isinf(theirs))
+
+
+BATCH_SETTINGS = [
+    SamplingParams(0.0),
+    SamplingParams(0.8, top_k=3, top_p=0.9),
+    SamplingParams(1.0, min_p=0.3),
+]
+
+
+@pytest.mark.parametrize("params", BATCH_SETTINGS, ids=str)
 def test_warp_probs_works_row_wise_on_any_batch_shape(params: SamplingParams) -> None:
     """One row alone, a batch of rows and a batch of batches give the same float64 rows."""
     gen = torch.Generator().manual_seed(2)
