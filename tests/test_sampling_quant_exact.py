@@ -17,7 +17,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from exact_rng import ScriptedRng, exact_law, normalised
-from wanspec.sampling import PROB_SCALE, accept_token, bernoulli, quantize, sample, verify_chain
+from wanspec.sampling import (
+    PROB_SCALE,
+    SamplingParams,
+    accept_token,
+    bernoulli,
+    quantize,
+    sample,
+    target_counts,
+    verify_chain,
+    warp_probs,
+)
 
 # ----------------------------------------------------------------------------- bernoulli
 
@@ -204,3 +214,28 @@ def test_quantize_is_largest_remainder_and_zero_stays_zero(weights: list[float])
     up, down = counts > floors, (counts == floors) & (probs > 0)
     if up.any() and down.any():
         assert remainder[up].min() >= remainder[down].max() - 1e-9
+
+
+# ----------------------------------------------------------------------------- target_counts
+
+
+def test_target_counts_masks_padding_then_warps_then_quantizes() -> None:
+    """Padding ids (valid False) get exactly 0 even with the largest logit; the rest is the warp
+    of the valid logits, quantised; greedy picks the best valid id; `valid` is left untouched."""
+    logits = torch.tensor([1.0, 3.0, 0.5, 9.0, 2.0], dtype=torch.float64)
+    valid = np.array([True, True, True, False, True])
+    params = SamplingParams(0.7, top_k=3)
+    counts = target_counts(logits, params, valid)
+    masked = torch.tensor([[1.0, 3.0, 0.5, -np.inf, 2.0]])
+    assert counts.tolist() == quantize(warp_probs(masked, params)[0]).tolist()
+    assert counts[3] == 0 and counts[2] == 0 and counts.sum() == PROB_SCALE  # top-3 of valid
+    assert target_counts(logits, SamplingParams(0.0), valid).tolist() == [0, PROB_SCALE, 0, 0, 0]
+    assert valid.tolist() == [True, True, True, False, True]
+
+
+def test_target_counts_applies_the_repetition_penalty_to_the_context() -> None:
+    logits = torch.tensor([2.0, 1.9, 0.0])
+    valid = np.ones(3, dtype=bool)
+    params = SamplingParams(0.0, repetition_penalty=2.0)
+    assert target_counts(logits, params, valid, prev_ids=[0]).tolist() == [0, PROB_SCALE, 0]
+    assert target_counts(logits, params, valid, prev_ids=[2]).tolist() == [PROB_SCALE, 0, 0]
