@@ -31,12 +31,15 @@ class TrafficCounter:
     what the transport adds on top (0: the codec frame is the transport frame);
     `est_tcpip_header_bytes` is an ESTIMATE of the IPv4+TCP headers, assuming every frame goes
     out in its own ceil(len/MSS) segments of 52 header bytes (Nagle off, no coalescing, no ACKs).
+    `peak_buffered_bytes` (sending side): the most bytes the transport held unsent just after a
+    write; since every write waits for the drain, at most its high-water mark plus one frame.
     """
 
     messages: int = 0
     payload_bits: int = 0
     framing_bits: int = 0
     est_tcpip_header_bytes: int = 0
+    peak_buffered_bytes: int = 0
 
     def count(self, frame_bytes: int) -> None:
         self.messages += 1
@@ -89,6 +92,9 @@ async def write_message(
     WireError, before anything is written, if the peer could not decode it."""
     frame = encode(message, limits)
     writer.write(frame)
+    if counter is not None:
+        held = writer.transport.get_write_buffer_size()
+        counter.peak_buffered_bytes = max(counter.peak_buffered_bytes, held)
     await writer.drain()
     if counter is not None:
         counter.count(len(frame))

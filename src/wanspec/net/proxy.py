@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import math
-import signal
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import TracebackType
 
 from wanspec.net.segments import MSS
+from wanspec.net.service import TcpService
 from wanspec.net.shaping import DirectionSpec, Shaper
 
 _MAX_CHUNK = 16 << 10  # bytes read from a sender at once
@@ -136,11 +135,12 @@ class _Pipe:
         stats.peak_buffered = max(stats.peak_buffered, stats.buffered)
 
 
-class WanProxy:
+class WanProxy(TcpService):
     """Accepts TCP connections on `listen` and relays each to `upstream` through an emulated
     WAN link (`up`: client→upstream, `down`: upstream→client). Use as `async with` or call
-    `start()` / `stop()`. `max_buffer` caps the bytes held per direction of a connection
-    (default: `default_buffer_bytes`). `on_close` is called with each finished connection."""
+    `start()` / `stop()` (which drops every open connection). `max_buffer` caps the bytes held
+    per direction of a connection (default: `default_buffer_bytes`). `on_close` is called with
+    each finished connection."""
 
     def __init__(
         self,
@@ -158,16 +158,7 @@ class WanProxy:
         self.seed, self.max_buffer = seed, max_buffer
         self.connect_timeout_s, self.on_close = connect_timeout_s, on_close
         self.connections: list[ConnectionStats] = []
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    @property
-    def address(self) -> Address:
-        """Where the proxy listens (the real port when `listen` asked for port 0)."""
-        if self._server is None:
-            raise RuntimeError("the proxy is not started")
-        host, port = self._server.sockets[0].getsockname()[:2]
-        return host, port
+        super().__init__()
 
     @property
     def active(self) -> int:
@@ -177,36 +168,13 @@ class WanProxy:
     async def start(self) -> None:
         self._server = await asyncio.start_server(self._on_client, *self.listen)
 
-    async def stop(self) -> None:
-        """Stop listening and drop every open connection."""
-        if self._server is not None:
-            self._server.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-        if self._server is not None:
-            await self._server.wait_closed()
-
-    async def __aenter__(self) -> WanProxy:
-        await self.start()
-        return self
-
-    async def __aexit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.stop()
-
     async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        """Relay one connection in a task of our own, which `stop` may cancel; waiting with
-        `asyncio.wait` keeps that cancellation from surfacing in asyncio's stream callback."""
+        """Relay one connection (in a task `stop` may cancel)."""
         loop = asyncio.get_running_loop()
         peer = writer.get_extra_info("peername")
         conn = ConnectionStats(len(self.connections), peer, loop.time())
         self.connections.append(conn)
-        relay = asyncio.create_task(self._relay(conn, reader, writer))
-        self._tasks.add(relay)
-        relay.add_done_callback(self._tasks.discard)
-        await asyncio.wait([relay])
+        await self.serve_in_own_task(self._relay(conn, reader, writer))
 
     async def _relay(
         self, conn: ConnectionStats, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
@@ -249,23 +217,3 @@ class WanProxy:
         limit = self.max_buffer or default_buffer_bytes(spec)
         shaper = Shaper(spec, seed=[self.seed, conn.id, direction])
         return _Pipe(source, sink, shaper, stats, limit)
-
-
-async def serve_until_signalled(
-    proxy: WanProxy, ready: Callable[[WanProxy], None] | None = None
-) -> None:
-    """Run `proxy` until SIGINT (Ctrl-C) or SIGTERM, then stop it: the signal ends the wait
-    instead of raising KeyboardInterrupt somewhere inside a relay. `ready` runs once listening."""
-    loop = asyncio.get_running_loop()
-    stopping = asyncio.Event()
-    signals = (signal.SIGINT, signal.SIGTERM)
-    for sig in signals:
-        loop.add_signal_handler(sig, stopping.set)
-    try:
-        async with proxy:
-            if ready is not None:
-                ready(proxy)
-            await stopping.wait()
-    finally:
-        for sig in signals:
-            loop.remove_signal_handler(sig)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -108,3 +109,10 @@ class Shaper:
         if self.spec.loss == 0.0 or nsegments == 0:
             return 0
         return int(self._loss.geometric(1.0 - self.spec.loss, size=nsegments).max()) - 1
+
+
+def link_specs(link: Any) -> tuple[DirectionSpec, DirectionSpec]:
+    """(up, down) specs emulating a simulator `Link` (anything with its `up_bps`, `down_bps`,
+    `rtt_s`, `jitter_s`, `loss`, `retransmit_s`), so a proxy and the simulator see one WAN."""
+    shared = (link.rtt_s / 2, link.jitter_s, link.loss, link.retransmit_s)
+    return DirectionSpec(link.up_bps, *shared), DirectionSpec(link.down_bps, *shared)

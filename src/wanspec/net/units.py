@@ -1,4 +1,5 @@
-"""Rates and durations written the way `tc` writes them: `1mbit`, `10mbit/s`, `50ms`, `250us`.
+"""Rates and durations written the way `tc` writes them: `1mbit`, `10mbit/s`, `50ms`, `250us`;
+and network addresses as `HOST:PORT`.
 
 Rates use SI prefixes (1 kbit = 1000 bits), like `tc`. Byte-based spellings (`mbps`, `mb`) are
 refused rather than guessed: `tc` reads `mbps` as megaBYTES per second while most people mean
@@ -41,3 +42,12 @@ def parse_duration(text: str) -> float:
     if match is None:
         raise ValueError(f"bad duration {text!r}: write a number with s, ms or us, e.g. 50ms")
     return float(match["num"]) * _TIME_UNIT[(match["unit"] or "").lower()]
+
+
+def parse_address(text: str) -> tuple[str, int]:
+    """(host, port) from `HOST:PORT` (IPv6 in brackets: `[::1]:7070`); port 0 = any free one."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or int(port) > 65535:
+        raise ValueError(f"expected HOST:PORT, got {text!r}")
+    return host, int(port)

@@ -1,0 +1,380 @@
+"""The asyncio driver: ONE protocol machine over one real connection, on the wall clock.
+
+The contract is the simulator's (`wanspec.sim.driver`), with sockets and threads for the virtual
+link and clock: the machine gets `Start`, then every decoded message as `MessageReceived` and
+every result as `ComputeDone`, and the driver carries out the actions it returns.
+
+- `Send` writes the message's codec frame (`wanspec.net.framing`), waiting while the peer's
+  buffers are full, but never longer than `write_timeout_s`: a peer that stops reading stalls
+  only its own session and holds at most the transport's high-water mark plus one frame here.
+- `Compute` queues the job; one worker task runs this side's jobs one at a time, in order, on an
+  executor thread (`loop.run_in_executor`), so network I/O, and the machine's own reactions to
+  messages, carry on while the model works. Results come back as `ComputeDone` in job order.
+  Several drivers may share one single-thread executor (a server's model): their jobs then
+  interleave one by one, and each driver still sees its own in order.
+- `Cancel` drops a queued job, or ignores the result of the running one.
+- `Emit` records the tokens with their time (and calls `on_emit`); `Finish` ends the run.
+
+A machine's output for a seed depends only on the order of the events it handles, so the same
+machines give the same tokens here as in the simulator. The driver also enforces what a machine
+cannot see: malformed or oversized frames, a silent peer (`idle_timeout_s`, counted only while no
+computation is under way), the session's deadline, and a peer that sends message after message
+without waiting for an answer (`max_unanswered`). Each becomes an `Error` frame to the peer and
+a finish reason "error: …" here, like a machine's own protocol errors.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
+from dataclasses import dataclass, field
+from typing import Any
+
+from wanspec import wire
+from wanspec.models.jobs import Job
+from wanspec.net.framing import ConnectionClosed, MessageStream
+from wanspec.protocols.base import (
+    Action,
+    Cancel,
+    Compute,
+    ComputeDone,
+    Emit,
+    ErrorCode,
+    Event,
+    Finish,
+    MessageReceived,
+    ProtocolError,
+    Send,
+    Start,
+    StateMachine,
+)
+
+JobRunner = Callable[[Job], Any]
+Inspector = Callable[[wire.Message], None]
+
+
+class SessionAborted(Exception):
+    """The session ended before the machine finished, with no way left to tell the peer."""
+
+
+class PeerGone(SessionAborted):
+    """The peer closed or reset the connection before the machine finished."""
+
+
+class PeerClosed(PeerGone):
+    """The peer ended its side between two frames (it may still read what this side sends)."""
+
+
+class SendStalled(SessionAborted):
+    """The peer stopped reading: a frame could not be written within the write timeout."""
+
+
+@dataclass(frozen=True)
+class DriverLimits:
+    """What the driver enforces on the peer (None: no limit)."""
+
+    idle_timeout_s: float | None = None  # peer silent while nothing computes here
+    deadline_s: float | None = None  # the whole session, from Start
+    write_timeout_s: float | None = 30.0  # one frame's write, back-pressure included
+    max_unanswered: int | None = 64  # peer messages in a row with nothing sent back
+
+
+@dataclass
+class DriveResult:
+    """What one machine's run measured; times in seconds since `Start` (wall clock)."""
+
+    finish_reason: str
+    duration_s: float
+    emits: list[tuple[float, tuple[int, ...]]]
+    peer_error: wire.Error | None  # the Error frame the peer sent, if it sent one
+    compute_s: dict[str, float]  # wall seconds of this side's jobs, by label
+    computes: dict[str, int]  # jobs run, by label
+    handle_cpu_s: float  # CPU seconds inside machine.handle: this side's protocol work
+    events: int
+    sent_by_type: dict[str, tuple[int, int]] = field(default_factory=dict)  # messages, bits
+    received_by_type: dict[str, tuple[int, int]] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for _, ids in self.emits for t in ids]
+
+
+# Internal events the reader and the worker hand to the loop beside the machine's own.
+@dataclass(frozen=True)
+class _Closed:
+    reason: str
+    clean: bool  # an end of stream between frames: the peer may still read what we send
+
+
+@dataclass(frozen=True)
+class _Malformed:
+    code: ErrorCode
+    message: str
+
+
+@dataclass(frozen=True)
+class _JobFailed:
+    error: BaseException
+
+
+class Refusal(Exception):
+    """The peer broke a rule a driver or server enforces: tell it (`code`, message) and end."""
+
+    def __init__(self, code: ErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+async def receive(stream: MessageStream, timeout_s: float | None = None) -> wire.Message:
+    """The next message. PeerGone when the connection ends; Refusal (with the code to send)
+    for a malformed or oversized frame, or none within `timeout_s`."""
+    try:
+        return await asyncio.wait_for(stream.receive(), timeout_s)
+    except TimeoutError:
+        raise Refusal(ErrorCode.LIMIT, f"no message within {timeout_s:g} s") from None
+    except ConnectionClosed:
+        raise PeerClosed("the peer closed the connection") from None
+    except wire.FrameTooLarge as exc:
+        raise Refusal(ErrorCode.LIMIT, f"frame refused: {exc}") from None
+    except wire.WireError as exc:
+        raise Refusal(ErrorCode.PROTOCOL, f"malformed frame: {exc}") from None
+    except OSError as exc:  # resets, TLS failures
+        raise PeerGone(f"connection lost: {exc}") from None
+
+
+def _tally(table: dict[str, tuple[int, int]], msg: Any, frame_bytes: int) -> None:
+    kind = type(msg).__name__
+    count, bits = table.get(kind, (0, 0))
+    table[kind] = (count + 1, bits + 8 * frame_bytes)
+
+
+class _Run:
+    """The state of one `drive` call."""
+
+    def __init__(
+        self,
+        machine: StateMachine,
+        stream: MessageStream,
+        run_job: JobRunner,
+        executor: Executor | None,
+        limits: DriverLimits,
+        inspect: Inspector | None,
+        on_emit: Callable[[tuple[int, ...]], None] | None,
+    ) -> None:
+        self.machine, self.stream, self.run_job, self.executor = machine, stream, run_job, executor
+        self.limits, self.inspect, self.on_emit = limits, inspect, on_emit
+        self.loop = asyncio.get_running_loop()
+        self.t0 = self.loop.time()
+        self.events: asyncio.Queue[Any] = asyncio.Queue(maxsize=8)  # a flooding peer waits
+        self.jobs: asyncio.Queue[Compute] = asyncio.Queue()
+        self.outstanding: set[int] = set()  # asked for, result not yet handled
+        self.cancelled: set[int] = set()
+        self.finish: str | None = None
+        self.closed: str | None = None  # why the peer's side ended cleanly, once it has
+        self.peer_error: wire.Error | None = None
+        self.unanswered = 0
+        self.emits: list[tuple[float, tuple[int, ...]]] = []
+        self.compute_s: dict[str, float] = {}
+        self.computes: dict[str, int] = {}
+        self.handle_cpu_s = 0.0
+        self.n_events = 0
+        self.sent_by_type: dict[str, tuple[int, int]] = {}
+        self.received_by_type: dict[str, tuple[int, int]] = {}
+
+    def now(self) -> float:
+        return self.loop.time() - self.t0
+
+    # ------------------------------------------------------------------ helpers (tasks)
+    async def read_frames(self) -> None:
+        """Decode frames into events until the stream ends; the end itself is an event too."""
+        stream = self.stream
+        try:
+            while True:
+                before = stream.received.payload_bits
+                msg = await receive(stream)
+                _tally(self.received_by_type, msg, (stream.received.payload_bits - before) // 8)
+                await self.events.put(MessageReceived(msg))
+        except PeerGone as gone:
+            await self.events.put(_Closed(str(gone), clean=isinstance(gone, PeerClosed)))
+        except Refusal as bad:
+            await self.events.put(_Malformed(bad.code, str(bad)))
+
+    async def work(self) -> None:
+        """Run queued jobs one at a time, in order; hand each result back as an event."""
+        while True:
+            action = await self.jobs.get()
+            if action.job_id in self.cancelled:
+                self.cancelled.discard(action.job_id)
+                continue
+            label = action.label or type(action.job).__name__
+            began = time.perf_counter()
+            try:
+                result = await self.loop.run_in_executor(self.executor, self.run_job, action.job)
+            except Exception as exc:
+                exc.add_note(f"in compute {label} #{action.job_id}")
+                await self.events.put(_JobFailed(exc))
+                return
+            self.compute_s[label] = self.compute_s.get(label, 0.0) + time.perf_counter() - began
+            self.computes[label] = self.computes.get(label, 0) + 1
+            if action.job_id in self.cancelled:
+                self.cancelled.discard(action.job_id)
+                continue
+            await self.events.put(ComputeDone(action.job_id, result))
+
+    # ------------------------------------------------------------------ the loop
+    async def next_event(self) -> Event:
+        """The next event for the machine. A peer that closed its side cleanly is gone once
+        the machine waits for it with nothing left to compute (until then it may still read)."""
+        while True:
+            if self.closed is not None and not self.outstanding and self.events.empty():
+                raise PeerGone(self.closed)
+            event = await self.wait_event()
+            if not isinstance(event, _Closed):
+                break
+            if not event.clean:
+                raise PeerGone(event.reason)
+            self.closed = event.reason
+        if isinstance(event, _Malformed):
+            raise Refusal(event.code, event.message)
+        if isinstance(event, _JobFailed):
+            raise event.error
+        return event
+
+    async def wait_event(self) -> Any:
+        limits = self.limits
+        timeouts: list[float] = []
+        if limits.idle_timeout_s is not None and not self.outstanding:
+            timeouts.append(limits.idle_timeout_s)
+        if limits.deadline_s is not None:
+            timeouts.append(max(0.0, limits.deadline_s - self.now()))
+        try:
+            return await asyncio.wait_for(self.events.get(), min(timeouts, default=None))
+        except TimeoutError:
+            if limits.deadline_s is not None and self.now() >= limits.deadline_s:
+                raise Refusal(
+                    ErrorCode.LIMIT, f"the session ran past its {limits.deadline_s:g} s deadline"
+                ) from None
+            raise Refusal(
+                ErrorCode.LIMIT, f"no message from the peer for {limits.idle_timeout_s:g} s"
+            ) from None
+
+    async def handle(self, event: Event) -> None:
+        if isinstance(event, MessageReceived):
+            self.check_message(event.msg)
+        elif isinstance(event, ComputeDone):
+            self.outstanding.discard(event.job_id)
+        self.n_events += 1
+        began = time.thread_time()
+        actions = self.machine.handle(event)
+        self.handle_cpu_s += time.thread_time() - began
+        for action in actions:
+            await self.apply(action)
+
+    def check_message(self, msg: wire.Message) -> None:
+        if isinstance(msg, wire.Error):
+            self.peer_error = msg
+            return
+        self.unanswered += 1
+        cap = self.limits.max_unanswered
+        if cap is not None and self.unanswered > cap:
+            raise Refusal(ErrorCode.LIMIT, f"more than {cap} messages without waiting for one")
+        if self.inspect is not None:
+            try:
+                self.inspect(msg)
+            except ProtocolError as exc:
+                raise Refusal(exc.code, str(exc)) from None
+
+    async def apply(self, action: Action) -> None:
+        if isinstance(action, Send):
+            await self.send(action.msg)
+            self.unanswered = 0
+        elif isinstance(action, Compute):
+            self.outstanding.add(action.job_id)
+            self.jobs.put_nowait(action)
+        elif isinstance(action, Cancel):
+            self.outstanding.discard(action.job_id)
+            self.cancelled.add(action.job_id)
+        elif isinstance(action, Emit):
+            tokens = tuple(int(t) for t in action.token_ids)
+            self.emits.append((self.now(), tokens))
+            if self.on_emit is not None:
+                self.on_emit(tokens)
+        elif isinstance(action, Finish):
+            self.finish = action.reason
+        else:
+            raise TypeError(f"the machine returned an unknown action {action!r}")
+
+    async def send(self, msg: wire.Message) -> None:
+        timeout = self.limits.write_timeout_s
+        try:
+            size = await asyncio.wait_for(self.stream.send(msg), timeout)
+        except TimeoutError:
+            raise SendStalled(f"the peer read nothing for {timeout:g} s") from None
+        except OSError as exc:  # resets, broken pipes, TLS failures
+            raise PeerGone(f"connection lost while sending: {exc}") from None
+        _tally(self.sent_by_type, msg, size)
+
+    async def refuse(self, refusal: Refusal) -> None:
+        """Tell the peer why the session ends; if it cannot be told, it is gone anyway."""
+        self.finish = f"error: {refusal}"
+        with contextlib.suppress(SessionAborted):
+            await self.send(wire.Error(int(refusal.code), str(refusal)))
+
+    def result(self) -> DriveResult:
+        assert self.finish is not None
+        return DriveResult(
+            finish_reason=self.finish,
+            duration_s=self.now(),
+            emits=self.emits,
+            peer_error=self.peer_error,
+            compute_s=self.compute_s,
+            computes=self.computes,
+            handle_cpu_s=self.handle_cpu_s,
+            events=self.n_events,
+            sent_by_type=self.sent_by_type,
+            received_by_type=self.received_by_type,
+        )
+
+
+async def drive(
+    machine: StateMachine,
+    stream: MessageStream,
+    run_job: JobRunner,
+    executor: Executor | None = None,
+    *,
+    limits: DriverLimits = DriverLimits(),
+    first: Iterable[wire.Message] = (),
+    inspect: Inspector | None = None,
+    on_emit: Callable[[tuple[int, ...]], None] | None = None,
+) -> DriveResult:
+    """Run `machine` over `stream` until it finishes, and return what the run measured.
+
+    `run_job(job)` runs one job on this side's model session, on `executor` (None: the loop's
+    default; give a single-thread one, since a session must not run two jobs at once).
+    `first`: messages the caller already read from the stream, handed over before any other.
+    `inspect(msg)` may refuse a peer message by raising `ProtocolError(message, code)`.
+
+    Returns when the machine finishes (also after an `Error` either way; the finish reason says
+    so). Raises `PeerGone` or `SendStalled` when the connection fails first; anything raised by
+    `machine.handle` or a job is a local bug and propagates. The stream is left open.
+    """
+    run = _Run(machine, stream, run_job, executor, limits, inspect, on_emit)
+    helpers = [asyncio.create_task(run.read_frames()), asyncio.create_task(run.work())]
+    try:
+        await run.handle(Start())
+        for msg in first:
+            _tally(run.received_by_type, msg, len(wire.encode(msg, stream.limits)))
+            if run.finish is None:
+                await run.handle(MessageReceived(msg))
+        while run.finish is None:
+            await run.handle(await run.next_event())
+    except Refusal as refusal:
+        await run.refuse(refusal)
+    finally:
+        for task in helpers:
+            task.cancel()
+        await asyncio.gather(*helpers, return_exceptions=True)
+    return run.result()

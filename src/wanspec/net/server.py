@@ -1,0 +1,306 @@
+"""The cloud server (`wanspec serve`): one target model, many edge sessions at once.
+
+The target is loaded once; every connection gets its own KV-cache session (`new_session()`,
+weights shared) and its own `CloudEndpoint`, which learns method, settings and seed from the
+edge's handshake. All sessions' model jobs go through ONE worker thread, in the order they are
+asked for, so sessions interleave job by job and never race on torch; everything else (sockets,
+codec, sampling and verification inside the machines) runs on the event loop.
+
+Admission, before any model work: past `max_sessions` a connection gets `Error(BUSY)`; a server
+with a token needs an `Auth` frame with it first (`Error(UNAUTHORIZED)` otherwise); frames are
+bounded by `max_frame`, requests by `max_new_tokens`. Deadlines: the handshake must arrive
+within `handshake_timeout_s`, an edge may stay silent `idle_timeout_s` while nothing computes
+for it, a session lasts at most `request_timeout_s`, and one frame's write waits at most
+`write_timeout_s` for a peer that does not read (the transport then holds at most
+`write_buffer_bytes` plus one frame). Every violation ends that session with an `Error` frame
+saying why. A session that fails inside gets `Error(INTERNAL)`; the server and the other sessions
+go on. `stop()` (SIGINT/SIGTERM under `wanspec serve`) ends every open session with
+`Error(SHUTDOWN)`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hmac
+import logging
+import ssl
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from wanspec import wire
+from wanspec.models.jobs import run_job
+from wanspec.net.client import prompt_encoder
+from wanspec.net.driver import (
+    DriveResult,
+    DriverLimits,
+    PeerGone,
+    Refusal,
+    SendStalled,
+    drive,
+    receive,
+)
+from wanspec.net.framing import MessageStream
+from wanspec.net.service import TcpService
+from wanspec.protocols.base import ErrorCode, ProtocolError
+from wanspec.protocols.endpoints import TargetInfo
+from wanspec.protocols.registry import make_cloud, target_info
+from wanspec.protocols.settings import GenerationSettings
+from wanspec.vocab import VocabAlignment
+
+log = logging.getLogger("wanspec.serve")
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    max_sessions: int = 8
+    max_frame: int = wire.DEFAULT_LIMITS.max_frame
+    max_new_tokens: int = 4096
+    handshake_timeout_s: float = 10.0
+    idle_timeout_s: float = 60.0
+    request_timeout_s: float = 600.0
+    write_timeout_s: float = 30.0
+    write_buffer_bytes: int = 64 << 10
+    max_unanswered: int = 64  # edge messages in a row before the cloud answers one
+    linger_s: float = 2.0  # after a session, read what the edge still sends (no RST on close)
+
+    def __post_init__(self) -> None:
+        for name, value in vars(self).items():
+            if not value > 0:
+                raise ValueError(f"server limit {name} must be > 0, got {value!r}")
+
+
+@dataclass
+class SessionRecord:
+    """One connection, as the server saw it (seconds on the wall clock)."""
+
+    id: int
+    peer: str
+    method: str = ""
+    outcome: str = "open"  # the cloud's finish reason, or why the session ended otherwise
+    duration_s: float = 0.0
+    rounds: int = 0  # verification passes
+    forward_s: float = 0.0  # wall seconds of this session's model jobs
+    handle_cpu_s: float = 0.0  # CPU seconds in the protocol machine (sampling, verification)
+    loop_cpu_s: float = 0.0  # CPU seconds of the event-loop thread (exact with one session)
+    up_bytes: int = 0
+    down_bytes: int = 0
+    peak_write_buffer: int = 0  # bytes the transport held for a slow reader, at most
+
+    def finished_with(self, result: DriveResult) -> None:
+        self.outcome = result.finish_reason
+        self.rounds = result.computes.get("verify", 0)
+        self.forward_s = sum(result.compute_s.values())
+        self.handle_cpu_s = result.handle_cpu_s
+
+
+def build_target_info(target_lm: Any, draft_tokenizers: Sequence[Any] = ()) -> TargetInfo:
+    """The server's `TargetInfo`: the target's own tokenizer (any shared-vocabulary draft) and an
+    alignment for each draft tokenizer given (an edge with another one is refused)."""
+    tokenizer = target_lm.tokenizer
+    alignments = tuple(
+        VocabAlignment.build(draft, tokenizer, target_width=target_lm.vocab_size)
+        for draft in draft_tokenizers
+    )
+    return target_info(target_lm, prompt_encoder(tokenizer), alignments)
+
+
+def server_tls(cert: str | Path, key: str | Path) -> ssl.SSLContext:
+    """A TLS context presenting `cert` (PEM chain) with its private `key`."""
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(str(Path(cert).expanduser()), str(Path(key).expanduser()))
+    return context
+
+
+class CloudServer(TcpService):
+    """Serves `target_lm` on (host, port). Use as `async with`, or `start()` / `stop()`."""
+
+    kind = "server"
+
+    def __init__(
+        self,
+        target_lm: Any,
+        info: TargetInfo,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 7070,
+        token: str | None = None,
+        tls: ssl.SSLContext | None = None,
+        limits: ServerLimits | None = None,
+        on_close: Callable[[SessionRecord], None] | None = None,
+    ) -> None:
+        self.target, self.info = target_lm, info
+        self.host, self.port, self.token, self.tls = host, port, token or None, tls
+        self.limits = limits or ServerLimits()
+        self.on_close = on_close
+        self.records: deque[SessionRecord] = deque(maxlen=1024)
+        self.wire_limits = wire.Limits(max_frame=self.limits.max_frame).with_vocab(
+            info.vocab.target_width
+        )
+        self._model = ThreadPoolExecutor(1, thread_name_prefix="wanspec-target")
+        self._admitted = 0
+        self._count = 0
+        self._stopping = False
+
+    # ------------------------------------------------------------------ lifecycle
+    @property
+    def active(self) -> int:
+        """Sessions admitted and not yet over."""
+        return self._admitted
+
+    async def start(self) -> None:
+        tls: dict[str, Any] = {}
+        if self.tls is not None:
+            tls = {"ssl": self.tls, "ssl_handshake_timeout": self.limits.handshake_timeout_s}
+        self._server = await asyncio.start_server(self._on_client, self.host, self.port, **tls)
+
+    async def stop(self) -> None:
+        """Stop listening; end every open session with Error(SHUTDOWN)."""
+        self._stopping = True
+        await super().stop()
+        self._model.shutdown(wait=False, cancel_futures=True)
+
+    # ------------------------------------------------------------------ one connection
+    async def _on_client(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """Serve the connection (in a task `stop` may cancel)."""
+        peer = writer.get_extra_info("peername")
+        record = SessionRecord(self._count, f"{peer[0]}:{peer[1]}" if peer else "?")
+        self._count += 1
+        await self.serve_in_own_task(
+            self._serve(record, MessageStream(reader, writer, self.wire_limits))
+        )
+
+    async def _serve(self, record: SessionRecord, stream: MessageStream) -> None:
+        stream.writer.transport.set_write_buffer_limits(high=self.limits.write_buffer_bytes)
+        loop = asyncio.get_running_loop()
+        began, cpu = loop.time(), time.thread_time()
+        admitted = False
+        try:
+            if self._admitted >= self.limits.max_sessions:
+                raise Refusal(
+                    ErrorCode.BUSY,
+                    f"the server is busy ({self._admitted} sessions, its limit); try again later",
+                )
+            self._admitted += 1
+            admitted = True
+            first = await self._admit(stream)
+            record.finished_with(await self._run(record, stream, first))
+            await self._linger(stream)
+        except Refusal as refusal:
+            record.outcome = f"refused: {refusal}"
+            await self._tell(stream, refusal.code, str(refusal))
+            await self._linger(stream)
+        except PeerGone as gone:
+            record.outcome = f"edge gone: {gone}"
+        except SendStalled as stalled:
+            record.outcome = f"edge stalled: {stalled}"
+            stream.writer.transport.abort()
+        except asyncio.CancelledError:
+            if not self._stopping:
+                raise
+            record.outcome = "shutdown"
+            await self._tell(stream, ErrorCode.SHUTDOWN, "the server is shutting down")
+        except Exception as exc:
+            log.exception("session %d failed", record.id)
+            record.outcome = f"internal error: {type(exc).__name__}: {exc}"
+            await self._tell(stream, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
+        finally:
+            self._admitted -= admitted
+            record.duration_s = loop.time() - began
+            record.loop_cpu_s = time.thread_time() - cpu
+            record.up_bytes = stream.received.payload_bits // 8
+            record.down_bytes = stream.sent.payload_bits // 8
+            record.peak_write_buffer = stream.sent.peak_buffered_bytes
+            self._close(record, stream)
+
+    async def _admit(self, stream: MessageStream) -> tuple[wire.Message, ...]:
+        """Check the bearer token before anything else; the messages to hand on."""
+        first = await receive(stream, self.limits.handshake_timeout_s)
+        if self.token is None:
+            return () if isinstance(first, wire.Auth) else (first,)
+        if not isinstance(first, wire.Auth):
+            raise Refusal(
+                ErrorCode.UNAUTHORIZED,
+                "this server requires a bearer token (wanspec generate --token, $WANSPEC_TOKEN)",
+            )
+        if not hmac.compare_digest(first.token.encode(), self.token.encode()):
+            raise Refusal(ErrorCode.UNAUTHORIZED, "wrong bearer token")
+        return ()
+
+    async def _run(
+        self, record: SessionRecord, stream: MessageStream, first: tuple[wire.Message, ...]
+    ) -> DriveResult:
+        limits = self.limits
+        session = self.target.new_session()
+        return await drive(
+            make_cloud(self.info),
+            stream,
+            functools.partial(run_job, session),
+            self._model,
+            limits=DriverLimits(
+                idle_timeout_s=limits.idle_timeout_s,
+                deadline_s=limits.request_timeout_s,
+                write_timeout_s=limits.write_timeout_s,
+                max_unanswered=limits.max_unanswered,
+            ),
+            first=first,
+            inspect=functools.partial(self._inspect, record),
+        )
+
+    def _inspect(self, record: SessionRecord, msg: wire.Message) -> None:
+        """The server's own rules on what an edge asks for, before the machine sees it."""
+        if isinstance(msg, wire.Hello):
+            record.method = msg.method
+        if isinstance(msg, wire.StartRequest):
+            asked = msg.settings.get("max_new_tokens", GenerationSettings.max_new_tokens)
+            cap = self.limits.max_new_tokens
+            if isinstance(asked, int) and asked > cap:
+                raise ProtocolError(
+                    f"max_new_tokens={asked} is over this server's limit {cap}", ErrorCode.LIMIT
+                )
+
+    async def _tell(self, stream: MessageStream, code: ErrorCode, message: str) -> None:
+        """Send an Error frame if the edge can still take one (at most a second's wait)."""
+        with contextlib.suppress(OSError, TimeoutError, wire.WireError):
+            await asyncio.wait_for(stream.send(wire.Error(int(code), message)), 1.0)
+
+    async def _linger(self, stream: MessageStream) -> None:
+        """Half-close, then read what the edge still sends (a Close, a draft in flight) until it
+        closes too, for at most `linger_s` and 1 MiB: closing a socket with unread bytes makes
+        the kernel reset the connection, which can destroy the last frames we sent."""
+        writer = stream.writer
+        with contextlib.suppress(OSError, TimeoutError):
+            if writer.can_write_eof():
+                writer.write_eof()
+            deadline = asyncio.get_running_loop().time() + self.limits.linger_s
+            left = 1 << 20
+            while left > 0:
+                remaining = deadline - asyncio.get_running_loop().time()
+                data = await asyncio.wait_for(stream.reader.read(64 << 10), max(remaining, 0))
+                if not data:
+                    return
+                left -= len(data)
+
+    def _close(self, record: SessionRecord, stream: MessageStream) -> None:
+        if not stream.writer.is_closing():
+            stream.writer.close()
+        self.records.append(record)
+        log.info(
+            "session %d %s %s: %s after %.2f s, %d rounds, up %d B, down %d B",
+            record.id,
+            record.peer,
+            record.method or "-",
+            record.outcome,
+            record.duration_s,
+            record.rounds,
+            record.up_bytes,
+            record.down_bytes,
+        )
+        if self.on_close is not None:
+            self.on_close(record)
