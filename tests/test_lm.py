@@ -212,6 +212,44 @@ def test_keep_path_hanging_inside_the_cache(lms: dict, family: str) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+def test_keep_a_branch_with_its_subtree_then_grow_it(lms: dict, family: str) -> None:
+    """AceSpec continuing from a cached branch: keep the chain to a node AND the drafted tree
+    below it (re-rooted), grow that subtree further; every logit equals a fresh forward."""
+    lm, rng = lms[family], np.random.default_rng(30)
+    context, tokens = random_ids(rng, lm, 7), random_ids(rng, lm, 9)
+    parents = [-1, 0, 1, 1, 2, 4, -1, 6, 3]  # nodes 2..5 and 8 lie below node 1
+    lm.prefill(context)
+    lm.tree_forward(tokens, parents)
+    lm.keep_tree_path([0, 1], keep_descendants=True)
+    kept = context + tokens[:2]
+    assert lm.length == len(kept) and lm.pending_tree_size == 5  # old 2, 3, 4, 5, 8
+    below, below_parents = [tokens[i] for i in (2, 3, 4, 5, 8)], [-1, -1, 0, 2, 1]
+    more = random_ids(rng, lm, 3)
+    grown = lm.tree_forward(more, [3, 4, 5])  # under old 5, old 8 and the new node 5
+    all_tokens, all_parents = below + more, [*below_parents, 3, 4, 5]
+    for row, node in zip(grown, (5, 6, 7), strict=True):
+        branch = [all_tokens[i] for i in path_to(node, all_parents)]
+        assert max_diff(row, fresh(lm, kept + branch)[-1]) <= TOL, node
+    lm.keep_tree_path([0, 2, 3, 5])  # old 2 → old 4 → old 5 → more[0]
+    chain = [*kept, tokens[2], tokens[4], tokens[5], more[0]]
+    tail = random_ids(rng, lm, 2)
+    assert max_diff(lm.extend(tail), fresh(lm, chain + tail)[len(chain) :]) <= TOL
+
+
+def test_synthetic_keeps_a_subtree_like_the_real_backend() -> None:
+    from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
+
+    lm = SyntheticLM(SyntheticSpec(0.5, vocab_size=50, context_tokens=4), "target")
+    lm.prefill([1, 2, 3])
+    lm.tree_forward([10, 11, 12, 13, 14], [-1, 0, 1, 1, -1])
+    lm.keep_tree_path([0, 1], keep_descendants=True)
+    assert lm.ids == (1, 2, 3, 10, 11) and lm.pending_tree_size == 2
+    rows = lm.tree_forward([20, 21], [0, 1])
+    expected = lm.rows([[1, 2, 3, 10, 11, 12, 20], [1, 2, 3, 10, 11, 13, 21]])
+    assert torch.equal(rows, expected)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
 def test_truncate_and_empty_keep_drop_the_tree(lms: dict, family: str) -> None:
     lm, rng = lms[family], np.random.default_rng(21)
     context, more = random_ids(rng, lm, 9), random_ids(rng, lm, 3)

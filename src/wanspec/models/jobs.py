@@ -78,9 +78,11 @@ class TreeForward:
 
 @dataclass(frozen=True)
 class KeepTreePath:
-    """Keep one root-to-leaf chain of the pending tree behind its prefix; drop the rest."""
+    """Keep one root-to-leaf chain of the pending tree behind its prefix; drop the rest (or,
+    with `keep_descendants`, keep the subtree below the chain pending, re-rooted)."""
 
     nodes: tuple[int, ...]
+    keep_descendants: bool = False
 
     @property
     def cost(self) -> ComputeCost:
@@ -122,7 +124,7 @@ def run_job(session: LanguageModel, job: Job) -> Any:
     if isinstance(job, TreeForward):
         return session.tree_forward(list(job.tokens), list(job.parents))
     if isinstance(job, KeepTreePath):
-        session.keep_tree_path(list(job.nodes))
+        session.keep_tree_path(list(job.nodes), job.keep_descendants)
         return None
     if isinstance(job, Embed):
         return session.embed(list(job.ids))  # type: ignore[attr-defined]

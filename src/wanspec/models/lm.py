@@ -79,8 +79,13 @@ class LanguageModel(ABC):
         """Score tree nodes in one pass; float32 logits [n, V] (see the module docstring)."""
 
     @abstractmethod
-    def keep_tree_path(self, nodes: Sequence[int]) -> None:
-        """Keep the chain `nodes` (root first) behind the prefix it hangs from; drop the rest."""
+    def keep_tree_path(self, nodes: Sequence[int], keep_descendants: bool = False) -> None:
+        """Keep the chain `nodes` (root first) behind the prefix it hangs from; drop the rest.
+
+        With `keep_descendants`, the pending subtree below the chain's last node stays pending,
+        re-rooted: its nodes are renumbered 0.. in their old order and the former children of
+        the last node hang at the end of the cache, so drafting can go on from a cached branch
+        without recomputing the sub-branches already drafted below it."""
 
     def _check_tokens(self, ids: Sequence[int], what: str) -> list[int]:
         """Token ids as ints, each within the logits width (one check for every backend)."""
@@ -131,6 +136,25 @@ class _PendingTree:
 
     def __len__(self) -> int:
         return len(self.tokens)
+
+
+def _descendants(ancestors: np.ndarray, node: int) -> list[int]:
+    """Pending nodes strictly below `node`, in their numbering order."""
+    return [int(n) for n in np.flatnonzero(ancestors[:, node]) if n != node]
+
+
+def _rerooted(tree: _PendingTree, kept: list[int], old_root: int, attach: int) -> _PendingTree:
+    """The pending tree of the `kept` nodes (all below `old_root`) once `old_root` and its
+    chain are in the cache: renumbered in order, children of `old_root` now roots at `attach`."""
+    new = {old: k for k, old in enumerate(kept)}
+    out = _PendingTree(ancestors=tree.ancestors[np.ix_(kept, kept)].copy())
+    for old in kept:
+        parent = tree.parents[old]
+        out.tokens.append(tree.tokens[old])
+        out.parents.append(-1 if parent == old_root else new[parent])
+        out.attach.append(attach)
+        out.positions.append(tree.positions[old])
+    return out
 
 
 def _as_ids(values: Sequence[int], what: str) -> list[int]:
@@ -293,7 +317,7 @@ class HFLanguageModel(LanguageModel):
         return logits
 
     @torch.inference_mode()
-    def keep_tree_path(self, nodes: Sequence[int]) -> None:
+    def keep_tree_path(self, nodes: Sequence[int], keep_descendants: bool = False) -> None:
         nodes = _as_ids(nodes, "nodes")
         tree = self._tree
         if not len(tree):
@@ -303,12 +327,14 @@ class HFLanguageModel(LanguageModel):
             return
         self._check_chain(nodes)
         keep_prefix = tree.attach[nodes[0]] + 1
-        index = torch.tensor(list(range(keep_prefix)) + [self._length + n for n in nodes])
+        below = _descendants(tree.ancestors, nodes[-1]) if keep_descendants else []
+        slots = [*range(keep_prefix), *(self._length + n for n in [*nodes, *below])]
+        index = torch.tensor(slots)
         for layer in self._layers():
             layer.keys = layer.keys.index_select(-2, index)
             layer.values = layer.values.index_select(-2, index)
         self._length = keep_prefix + len(nodes)
-        self._tree = _PendingTree()
+        self._tree = _rerooted(tree, below, nodes[-1], self._length - 1)
 
     # -- internals ---------------------------------------------------------------------------
 

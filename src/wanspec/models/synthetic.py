@@ -186,15 +186,32 @@ class SyntheticLM(LanguageModel):
             self._add_node(first + offset, token, parent)
         return self.rows([self._node_context(n) for n in range(first, first + len(tokens))])
 
-    def keep_tree_path(self, nodes: Sequence[int]) -> None:
+    def keep_tree_path(self, nodes: Sequence[int], keep_descendants: bool = False) -> None:
         nodes = _as_ids(nodes, "nodes")
         if not self.pending_tree_size:
             raise RuntimeError("keep_tree_path() needs pending tree nodes from tree_forward()")
-        if nodes:
-            self._check_chain(nodes)
-            context = self._node_context(nodes[-1])
-            self._ids[:] = context
+        if not nodes:
+            self._tree = _Tree()
+            return
+        self._check_chain(nodes)
+        old, last = self._tree, nodes[-1]
+        below = [n for n in range(len(old.tokens)) if n != last and last in self._chain_of(n)]
+        self._ids[:] = self._node_context(last)
+        renumber = {n: k for k, n in enumerate(below)}
         self._tree = _Tree()
+        for n in below:
+            parent = old.parents[n]
+            self._tree.tokens.append(old.tokens[n])
+            self._tree.parents.append(-1 if parent == last else renumber[parent])
+            self._tree.attach.append(len(self._ids) - 1)
+
+    def _chain_of(self, node: int) -> list[int]:
+        """The node and its pending ancestors."""
+        chain = []
+        while node >= 0:
+            chain.append(node)
+            node = self._tree.parents[node]
+        return chain
 
     # -- internals ---------------------------------------------------------------------------
 
