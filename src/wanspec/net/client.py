@@ -81,7 +81,8 @@ async def open_stream(
         host, port, ssl=context, server_hostname=host if context else None
     )
     try:
-        reader, writer = await asyncio.wait_for(opening, options.connect_timeout_s)
+        async with asyncio.timeout(options.connect_timeout_s):
+            reader, writer = await opening
     except TimeoutError:
         raise RemoteError(
             f"no connection to {host}:{port} within {options.connect_timeout_s:g} s"
@@ -97,7 +98,8 @@ async def close_stream(stream: MessageStream) -> None:
     """Close our side; a peer that already went away is no error any more."""
     with contextlib.suppress(OSError, TimeoutError):
         stream.writer.close()
-        await asyncio.wait_for(stream.writer.wait_closed(), 2.0)
+        async with asyncio.timeout(2.0):
+            await stream.writer.wait_closed()
 
 
 async def authenticate(stream: MessageStream, options: ClientOptions) -> int:
@@ -165,7 +167,8 @@ async def server_facts(
         await authenticate(stream, options)
         hello = wire.Hello(PROTOCOL_VERSION, "edge", "ar", "", target_tokenizer_fp, "")
         await stream.send(hello)
-        reply = await asyncio.wait_for(stream.receive(), options.connect_timeout_s)
+        async with asyncio.timeout(options.connect_timeout_s):
+            reply = await stream.receive()
         if isinstance(reply, wire.Error):
             raise RemoteError(f"the server refused: {reply.message}", reply.code)
         if not isinstance(reply, wire.HelloAck) or "vocab_width" not in reply.info:

@@ -21,6 +21,10 @@ cannot see: malformed or oversized frames, a silent peer (`idle_timeout_s`, coun
 computation is under way), the session's deadline, and a peer that sends message after message
 without waiting for an answer (`max_unanswered`). Each becomes an `Error` frame to the peer and
 a finish reason "error: …" here, like a machine's own protocol errors.
+
+Deadlines use `asyncio.timeout`, never `asyncio.wait_for`: on Python 3.11 `wait_for` can swallow
+a cancellation that races with its result, and a server's `stop()` would then wait forever for
+a session that missed it.
 """
 
 from __future__ import annotations
@@ -132,7 +136,8 @@ async def receive(stream: MessageStream, timeout_s: float | None = None) -> wire
     """The next message. PeerGone when the connection ends; Refusal (with the code to send)
     for a malformed or oversized frame, or none within `timeout_s`."""
     try:
-        return await asyncio.wait_for(stream.receive(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            return await stream.receive()
     except TimeoutError:
         raise Refusal(ErrorCode.LIMIT, f"no message within {timeout_s:g} s") from None
     except ConnectionClosed:
@@ -251,7 +256,8 @@ class _Run:
         if limits.deadline_s is not None:
             timeouts.append(max(0.0, limits.deadline_s - self.now()))
         try:
-            return await asyncio.wait_for(self.events.get(), min(timeouts, default=None))
+            async with asyncio.timeout(min(timeouts, default=None)):
+                return await self.events.get()
         except TimeoutError:
             if limits.deadline_s is not None and self.now() >= limits.deadline_s:
                 raise Refusal(
@@ -310,7 +316,8 @@ class _Run:
     async def send(self, msg: wire.Message) -> None:
         timeout = self.limits.write_timeout_s
         try:
-            size = await asyncio.wait_for(self.stream.send(msg), timeout)
+            async with asyncio.timeout(timeout):
+                size = await self.stream.send(msg)
         except TimeoutError:
             raise SendStalled(f"the peer read nothing for {timeout:g} s") from None
         except OSError as exc:  # resets, broken pipes, TLS failures

@@ -183,7 +183,8 @@ class WanProxy(TcpService):
         writers = [writer]
         try:
             opening = asyncio.open_connection(*self.upstream)
-            up_reader, up_writer = await asyncio.wait_for(opening, self.connect_timeout_s)
+            async with asyncio.timeout(self.connect_timeout_s):  # never swallows a cancel
+                up_reader, up_writer = await opening
             writers.append(up_writer)
             pipes = (
                 self._pipe(reader, up_writer, self.up, conn, 0),

@@ -135,6 +135,7 @@ class CloudServer(TcpService):
         limits: ServerLimits | None = None,
         on_close: Callable[[SessionRecord], None] | None = None,
     ) -> None:
+        super().__init__()
         self.target, self.info = target_lm, info
         self.host, self.port, self.token, self.tls = host, port, token or None, tls
         self.limits = limits or ServerLimits()
@@ -268,7 +269,8 @@ class CloudServer(TcpService):
     async def _tell(self, stream: MessageStream, code: ErrorCode, message: str) -> None:
         """Send an Error frame if the edge can still take one (at most a second's wait)."""
         with contextlib.suppress(OSError, TimeoutError, wire.WireError):
-            await asyncio.wait_for(stream.send(wire.Error(int(code), message)), 1.0)
+            async with asyncio.timeout(1.0):
+                await stream.send(wire.Error(int(code), message))
 
     async def _linger(self, stream: MessageStream) -> None:
         """Half-close, then read what the edge still sends (a Close, a draft in flight) until it
@@ -282,7 +284,8 @@ class CloudServer(TcpService):
             left = 1 << 20
             while left > 0:
                 remaining = deadline - asyncio.get_running_loop().time()
-                data = await asyncio.wait_for(stream.reader.read(64 << 10), max(remaining, 0))
+                async with asyncio.timeout(max(remaining, 0)):
+                    data = await stream.reader.read(64 << 10)
                 if not data:
                     return
                 left -= len(data)
