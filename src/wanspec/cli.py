@@ -117,6 +117,34 @@ def _link_options(f: Any) -> Any:
     return f
 
 
+def _server_options(f: Any) -> Any:
+    """--server and how to reach it (token, TLS), for the commands that can use a real cloud."""
+    options = [
+        click.option(
+            "--server",
+            metavar="HOST:PORT",
+            default=None,
+            help="Run the target on this `wanspec serve` server instead of simulating it.",
+        ),
+        click.option(
+            "--token",
+            envvar="WANSPEC_TOKEN",
+            default=None,
+            help="Bearer token for the server [default: $WANSPEC_TOKEN].",
+        ),
+        click.option("--tls", is_flag=True, help="Use TLS, trusting the system's CAs."),
+        click.option(
+            "--tls-ca",
+            type=click.Path(exists=True, dir_okay=False),
+            default=None,
+            help="Use TLS, trusting only this CA (PEM); a self-signed server cert works here.",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
 def _make_link(link_preset: str | None, seed: int, **numbers: Any) -> Any:
     from wanspec.sim import Link
     from wanspec.sim import link_preset as preset
@@ -131,7 +159,8 @@ def _make_link(link_preset: str | None, seed: int, **numbers: Any) -> Any:
     "--target",
     default=DEFAULT_TARGET,
     show_default=True,
-    help="Target model: registry name or local Hugging Face folder.",
+    help="Target model: registry name or local Hugging Face folder (with --server the edge "
+    "loads only its tokenizer).",
 )
 @click.option(
     "--draft",
@@ -152,6 +181,7 @@ def _make_link(link_preset: str | None, seed: int, **numbers: Any) -> Any:
 @click.option("--srdv-m", type=int, default=2, show_default=True, help="X-CoSD-E rounds M.")
 @_profile_options
 @_link_options
+@_server_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the stats.")
 def generate(
     target: str,
@@ -159,6 +189,10 @@ def generate(
     method: str,
     prompt: str,
     as_json: bool,
+    server: str | None,
+    token: str | None,
+    tls: bool,
+    tls_ca: str | None,
     edge_profile: str,
     cloud_profile: str,
     link_preset: str | None,
@@ -170,12 +204,18 @@ def generate(
     loss: float,
     **settings: Any,
 ) -> None:
-    """Generate text with a method over a simulated WAN (virtual time, real models)."""
+    """Generate text with a method over a simulated WAN (virtual time, real models), or with
+    --server against a `wanspec serve` target over real TCP (wall clock; the edge then needs
+    only the target's tokenizer, and the link and profile options do not apply)."""
     import wanspec
 
     if prompt == "-":
         prompt = sys.stdin.read()
     settings["stop"] = tuple(settings["stop"])
+    if server is not None:
+        remote = {"token": token, "tls_ca": tls_ca or (True if tls else None)}
+        _generate_remote(draft, target, prompt, method, server, as_json, remote, settings)
+        return
     try:
         link = _make_link(
             link_preset,
@@ -199,6 +239,10 @@ def generate(
         )
     except _user_errors() as err:
         raise click.ClickException(str(err)) from err
+    _print_result(result, as_json)
+
+
+def _print_result(result: Any, as_json: bool) -> None:
     if as_json:
         payload = {"text": result.text, "token_ids": result.token_ids, "stats": result.stats}
         click.echo(json.dumps(payload, ensure_ascii=False))
@@ -206,12 +250,45 @@ def generate(
         click.echo(result.text)
 
 
+def _generate_remote(
+    draft: str,
+    target: str,
+    prompt: str,
+    method: str,
+    server: str,
+    as_json: bool,
+    remote: dict[str, Any],
+    settings: dict[str, Any],
+) -> None:
+    import wanspec
+    from wanspec.net.client import RemoteError
+
+    try:
+        result = wanspec.generate(
+            draft, prompt, method, server=server, target_tokenizer=target, **remote, **settings
+        )
+    except (*_user_errors(), RemoteError) as err:
+        raise click.ClickException(str(err)) from err
+    _print_result(result, as_json)
+
+
 @main.command()
 @click.option("--target", default=DEFAULT_TARGET, show_default=True)
 @click.option("--draft", default=DEFAULT_DRAFT, show_default=True)
 @click.option("--prompt", default="def fibonacci(n):", show_default=True)
 @click.option("--max-new-tokens", type=int, default=32, show_default=True)
-@_profile_options
+@click.option(
+    "--edge-profile",
+    default="edge-orin",
+    show_default=True,
+    help="Edge compute profile of the simulated projection.",
+)
+@click.option(
+    "--cloud-profile",
+    default="cloud-a100-32b",
+    show_default=True,
+    help="Cloud compute profile of the simulated projection.",
+)
 @_link_options
 def demo(
     target: str,
@@ -223,7 +300,9 @@ def demo(
     link_preset: str | None,
     **link: Any,
 ) -> None:
-    """The main job on the bundled defaults: every lossless method, one prompt, one WAN."""
+    """The main job on the bundled pair: a server, a WAN proxy and the edge on this machine, a
+    few methods over real TCP on one prompt, beside the simulator's projection of the same runs
+    on an edge device and a data-centre GPU."""
     from wanspec.bench.demo import run_demo
 
     try:
@@ -275,10 +354,12 @@ def wan_proxy_specs(link_preset: str | None, **given: Any) -> Any:
 
 
 def _host_port(ctx: click.Context, param: click.Parameter, value: str) -> tuple[str, int]:
-    host, sep, port = value.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise click.BadParameter(f"expected HOST:PORT, got {value!r}")
-    return host.strip("[]"), int(port)
+    from wanspec.net.units import parse_address
+
+    try:
+        return parse_address(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from err
 
 
 @main.command("wan-proxy")
@@ -331,7 +412,8 @@ def wan_proxy(
     """Relay TCP through an emulated WAN link (rate, delay, jitter, loss); Ctrl-C stops it."""
     import asyncio
 
-    from wanspec.net.proxy import ConnectionStats, WanProxy, serve_until_signalled
+    from wanspec.net.proxy import ConnectionStats, WanProxy
+    from wanspec.net.service import serve_until_signalled
 
     try:
         up, down = wan_proxy_specs(link_preset, **given)
@@ -357,6 +439,113 @@ def wan_proxy(
     except KeyboardInterrupt:  # Ctrl-C before the signal handlers were installed
         pass
     click.echo("wan-proxy stopped")
+
+
+def _default_draft_tokenizers(target: str) -> tuple[str, ...]:
+    """The bundled draft's tokenizer for a registry target of another family, else none."""
+    from wanspec.models.registry import MODELS
+
+    spec = MODELS.get(target)
+    return ("smollm2",) if spec is not None and spec.family != "smollm2" else ()
+
+
+@main.command()
+@click.option(
+    "--target",
+    default=DEFAULT_TARGET,
+    show_default=True,
+    help="Target model: registry name or local Hugging Face folder.",
+)
+@click.option(
+    "--draft-tokenizer",
+    "draft_tokenizers",
+    multiple=True,
+    metavar="NAME_OR_PATH",
+    help="A draft tokenizer to verify drafts of, besides the target's own (repeatable; "
+    "default for a registry target: smollm2).",
+)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=7070, show_default=True)
+@click.option(
+    "--token",
+    envvar="WANSPEC_TOKEN",
+    default=None,
+    help="Require this bearer token of every edge [default: $WANSPEC_TOKEN; unset: none].",
+)
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="PEM cert chain.")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="PEM private key.")
+@click.option("--max-sessions", type=click.IntRange(1), default=8, show_default=True)
+@click.option(
+    "--max-frame", type=click.IntRange(64), default=8 << 20, show_default=True, help="Bytes."
+)
+@click.option("--max-new-tokens", type=click.IntRange(1), default=4096, show_default=True)
+@click.option(
+    "--idle-timeout",
+    callback=_parsed("duration"),
+    default="60s",
+    show_default=True,
+    help="How long an edge may stay silent while nothing computes for it.",
+)
+@click.option(
+    "--request-timeout",
+    callback=_parsed("duration"),
+    default="600s",
+    show_default=True,
+    help="How long one session may last.",
+)
+@click.option("--threads", type=click.IntRange(1), default=None, help="Torch threads [2].")
+def serve(
+    target: str,
+    draft_tokenizers: tuple[str, ...],
+    host: str,
+    port: int,
+    token: str | None,
+    tls_cert: str | None,
+    tls_key: str | None,
+    threads: int | None,
+    idle_timeout: float,
+    request_timeout: float,
+    **limits: Any,
+) -> None:
+    """Serve a target model to edges over TCP; Ctrl-C ends open sessions with 'shutdown'."""
+    import asyncio
+    import logging
+
+    from wanspec.net.server import CloudServer, ServerLimits, build_target_info, server_tls
+    from wanspec.net.service import serve_until_signalled
+
+    if (tls_cert is None) != (tls_key is None):
+        raise click.UsageError("--tls-cert and --tls-key go together")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
+    try:
+        from wanspec.models.lm import load_model
+        from wanspec.models.registry import load_tokenizer, resolve_model
+
+        target_lm = load_model(resolve_model(target), threads=threads)
+        drafts = draft_tokenizers or _default_draft_tokenizers(target)
+        info = build_target_info(target_lm, [load_tokenizer(name) for name in drafts])
+        tls = server_tls(tls_cert, tls_key) if tls_cert and tls_key else None
+        limits["idle_timeout_s"], limits["request_timeout_s"] = idle_timeout, request_timeout
+        rules = ServerLimits(**limits)
+        address = {"host": host, "port": port}
+        server = CloudServer(target_lm, info, **address, token=token, tls=tls, limits=rules)
+    except _user_errors() as err:
+        raise click.ClickException(str(err)) from err
+
+    def ready(s: CloudServer) -> None:
+        where = "{}:{}".format(*s.address)
+        security = ", ".join(x for x in ("TLS" if tls else "", "token" if token else "") if x)
+        accepted = ", ".join(("the target's", *drafts))
+        click.echo(f"serving {target} on {where} ({security or 'no TLS, no token'})")
+        click.echo(f"  draft tokenizers: {accepted}; Ctrl-C stops")
+
+    try:
+        asyncio.run(serve_until_signalled(server, ready))
+    except OSError as err:
+        raise click.ClickException(f"cannot listen on {host}:{port}: {err}") from err
+    except KeyboardInterrupt:
+        pass
+    click.echo("server stopped")
 
 
 def _attach_optional_groups() -> None:
