@@ -199,7 +199,7 @@ def test_hr_edge_refuses_an_empty_residual() -> None:
     payload = hybrid_cloud_payload(q, COMMON, ScriptedRng())
     with pytest.raises(ValueError, match="empty residual"):
         hybrid_edge_resolve(payload, q, COMMON, ScriptedRng())
-    with pytest.raises(ValueError, match="empty residual"):
+    with pytest.raises(ValueError, match=r"^empty residual: q <= p everywhere"):
         sample_residual(q, q, ScriptedRng())
 
 
@@ -405,6 +405,14 @@ def test_uhlm_uncertainty_is_the_share_of_perturbed_samples_that_disagree() -> N
     rng = RecordingRng([1.0] * 3, [1, 1, 3])
     assert uhlm_uncertainty(logits, 1, rng, samples=3, eta_max=4.0) == 1 / 3
     assert rng.uniform_args == [(0.0, 4.0)] * 3
+    shifted = RecordingRng([0.5], [0])  # large logits: the max is subtracted before exp
+    assert uhlm_uncertainty(logits + 1000.0, 0, shifted, samples=1) == 0.0
+    np.testing.assert_allclose(shifted.choice_probs[0], softmax_at(logits, 0.5), rtol=1e-12)
+
+
+def softmax_at(logits: np.ndarray, eta: float) -> np.ndarray:
+    weights = np.exp(np.where(np.isfinite(logits), (logits - logits.max()) / eta, -np.inf))
+    return weights / weights.sum()
 
 
 # ----------------------------------------------------------------------------- temperature 0

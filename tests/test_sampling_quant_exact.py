@@ -239,3 +239,5 @@ def test_target_counts_applies_the_repetition_penalty_to_the_context() -> None:
     params = SamplingParams(0.0, repetition_penalty=2.0)
     assert target_counts(logits, params, valid, prev_ids=[0]).tolist() == [0, PROB_SCALE, 0]
     assert target_counts(logits, params, valid, prev_ids=[2]).tolist() == [PROB_SCALE, 0, 0]
+    with pytest.raises(ValueError, match="needs prev_ids"):
+        target_counts(logits, params, valid)

@@ -90,6 +90,8 @@ def test_warp_probs_works_row_wise_on_any_batch_shape(params: SamplingParams) ->
     torch.testing.assert_close(batched.sum(dim=-1), torch.ones(2, 3, dtype=torch.float64))
     torch.testing.assert_close(warp_probs(rows[1], params), batched[1], rtol=0, atol=0)
     torch.testing.assert_close(warp_probs(rows[1, 2], params), batched[1, 2], rtol=0, atol=0)
+    as_double = warp_probs(rows.to(torch.float64), params)  # float32 arithmetic, as transformers
+    torch.testing.assert_close(as_double, batched, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
