@@ -82,6 +82,8 @@ def test_results_come_back_in_job_order_one_job_at_a_time() -> None:
     machine = run(scenario())
     done = [(e.job_id, e.result) for e in machine.seen if isinstance(e, ComputeDone)]
     assert done == [(0, 0), (1, 10), (2, 20), (3, 30)]
+    stamps = [e.at for e in machine.seen if isinstance(e, ComputeDone)]
+    assert stamps == sorted(stamps) and stamps[-1] >= 0.08 * (1 + 1 / 2 + 1 / 3 + 1 / 4)
     starts = [t for what, _, t in log if what == "start"]
     ends = [t for what, _, t in log if what == "end"]
     assert all(end <= nxt for end, nxt in zip(ends, starts[1:], strict=False))  # no overlap

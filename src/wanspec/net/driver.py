@@ -14,6 +14,8 @@ every result as `ComputeDone`, and the driver carries out the actions it returns
   interleave one by one, and each driver still sees its own in order.
 - `Cancel` drops a queued job, or ignores the result of the running one.
 - `Emit` records the tokens with their time (and calls `on_emit`); `Finish` ends the run.
+- Messages and results are stamped (`at`) with the seconds since `Start` when they arrived or
+  ended, which a machine may use to steer effort (AceSpec's budget), never what it samples.
 
 A machine's output for a seed depends only on the order of the events it handles, so the same
 machines give the same tokens here as in the simulator. The driver also enforces what a machine
@@ -201,7 +203,7 @@ class _Run:
                 before = stream.received.payload_bits
                 msg = await receive(stream)
                 _tally(self.received_by_type, msg, (stream.received.payload_bits - before) // 8)
-                await self.events.put(MessageReceived(msg))
+                await self.events.put(MessageReceived(msg, self.now()))
         except PeerGone as gone:
             await self.events.put(_Closed(str(gone), clean=isinstance(gone, PeerClosed)))
         except Refusal as bad:
@@ -227,7 +229,7 @@ class _Run:
             if action.job_id in self.cancelled:
                 self.cancelled.discard(action.job_id)
                 continue
-            await self.events.put(ComputeDone(action.job_id, result))
+            await self.events.put(ComputeDone(action.job_id, result, self.now()))
 
     # ------------------------------------------------------------------ the loop
     async def next_event(self) -> Event:
@@ -375,7 +377,7 @@ async def drive(
         for msg in first:
             _tally(run.received_by_type, msg, len(wire.encode(msg, stream.limits)))
             if run.finish is None:
-                await run.handle(MessageReceived(msg))
+                await run.handle(MessageReceived(msg, run.now()))
         while run.finish is None:
             await run.handle(await run.next_event())
     except Refusal as refusal:
