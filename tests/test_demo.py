@@ -31,8 +31,14 @@ def test_demo_runs_every_method_over_tcp_and_greedy_agrees(
     assert all(r["real"]["clock"] == "wall" and r["real"]["new_tokens"] == 6 for r in rows)
     for r in rows:  # each real run went through the server, one session each
         assert r["cloud"].method == r["method"] and r["cloud"].outcome in ("done", "closed by edge")
+        assert (r["cloud"].rounds > 0) == (r["method"] != "ar") and r["cloud"].loop_cpu_s > 0
     spec = rows[1]["real"]
     assert spec["rounds"] >= 2 and spec["time_s"] >= spec["rounds"] * link.rtt_s  # paid the RTT
     assert not any(line.rstrip().endswith("NO") for line in lines)
     assert any("SIMULATED: edge-orin + cloud-a100-32b" in line for line in lines)
     assert "Why the speculative methods lose here" in lines[-1]
+
+
+def test_the_demo_needs_ar_first_as_its_baseline() -> None:
+    with pytest.raises(ValueError, match="list it first"):
+        run_demo(target="x", draft="y", prompt="p", max_new_tokens=1, link=None, methods=("sd",))

@@ -289,6 +289,12 @@ def _generate_remote(
     show_default=True,
     help="Cloud compute profile of the simulated projection.",
 )
+@click.option(
+    "--methods",
+    default=None,
+    metavar="M1,M2,…",
+    help="Methods to run, 'ar' first [ar,naive,xcosd,xcosd-e; +sd for a shared vocabulary].",
+)
 @_link_options
 def demo(
     target: str,
@@ -297,6 +303,7 @@ def demo(
     max_new_tokens: int,
     edge_profile: str,
     cloud_profile: str,
+    methods: str | None,
     link_preset: str | None,
     **link: Any,
 ) -> None:
@@ -314,6 +321,7 @@ def demo(
             link=_make_link(link_preset, 0, **link),
             edge_profile=edge_profile,
             cloud_profile=cloud_profile,
+            methods=tuple(m.strip() for m in methods.split(",")) if methods else None,
             echo=click.echo,
         )
     except _user_errors() as err:
