@@ -9,7 +9,7 @@ from typing import Any
 import click
 
 from wanspec.bench.config import CONFIGS
-from wanspec.bench.experiments import EXPERIMENTS
+from wanspec.bench.experiments import ALIASES, EXPERIMENTS
 
 DEFAULT_OUT = "docs/results"
 
@@ -32,6 +32,8 @@ def list_experiments() -> None:
     """Every experiment and configuration."""
     for e in EXPERIMENTS.values():
         click.echo(f"{e.name:<12} {e.title}")
+    for alias, name in ALIASES.items():
+        click.echo(f"{alias:<12} = {name}")
     click.echo(f"\nconfigurations: {', '.join(CONFIGS)}")
 
 
@@ -52,7 +54,7 @@ def _split(value: str | None) -> tuple[str, ...] | None:
     return tuple(v.strip() for v in value.split(",") if v.strip()) if value else None
 
 
-def _experiment_command(name: str) -> click.Command:
+def _experiment_command(name: str, command_name: str | None = None) -> click.Command:
     @click.option(
         "--config",
         "config_name",
@@ -108,13 +110,18 @@ def _experiment_command(name: str) -> click.Command:
             f"{summary.wall_s:.1f} s; results in {out / name}"
         )
         click.echo((out / name / "table.md").read_text(encoding="utf-8"))
+        further = out / name / "summary.md"
+        if further.exists():
+            click.echo(further.read_text(encoding="utf-8"))
 
     command.__doc__ = EXPERIMENTS[name].title + "."
-    return bench.command(name)(command)
+    return bench.command(command_name or name)(command)
 
 
 for _name in EXPERIMENTS:
     _experiment_command(_name)
+for _alias, _name in ALIASES.items():
+    _experiment_command(_name, _alias)
 
 
 @bench.command()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 TINY_PAIR = ("tiny-hetero-target", "tiny-hetero-draft")  # built on first use (wanspec.models.tiny)
+TINY_SHARED_PAIR = ("tiny-shared-target", "tiny-shared-draft")  # the same, one shared tokenizer
 
 # what each task needs to be scored (the full configuration's budget; smaller ones cap it)
 TASK_TOKENS = {"translation": 64, "summary": 64, "math": 160, "mcq": 4, "code": 128}
@@ -31,6 +32,7 @@ MINI_QUALITY = ("mini-translation", "mini-summary", "mini-math", "mini-mcq")
 METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
     "xcosd": ("hr_piggyback",),
     "xcosd-e": ("srdv_k", "srdv_m"),
+    "acespec-x": ("srdv_k", "srdv_m"),
     "tr": ("tr_k",),
     "uhlm": ("uhlm_samples", "uhlm_eta_max", "uhlm_threshold"),
 }

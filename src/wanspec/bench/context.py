@@ -6,22 +6,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from wanspec.bench.config import TINY_PAIR
+from wanspec.bench.config import TINY_PAIR, TINY_SHARED_PAIR
 from wanspec.bench.datasets import PromptSet, load_prompts
 
 TINY_SEED = 3  # the heterogeneous tiny pair the protocol tests use
 
 
-def tiny_pair_folders() -> tuple[Path, Path]:
-    """(target, draft) folders of the tiny heterogeneous pair, built once under $WANSPEC_HOME."""
+def tiny_pair_folders(shared: bool = False) -> tuple[Path, Path]:
+    """(target, draft) folders of the tiny heterogeneous pair (`shared`: the shared-tokenizer
+    pair), built once under $WANSPEC_HOME."""
     from wanspec.assets import wanspec_home
     from wanspec.models.tiny import make_tiny_pair
 
     root = wanspec_home() / "bench" / f"tiny-pair-seed{TINY_SEED}"
-    target, draft = root / "hetero-target", root / "hetero-draft"
-    done = root / ".complete"
+    kind = "shared" if shared else "hetero"
+    target, draft = root / f"{kind}-target", root / f"{kind}-draft"
+    done = root / (".complete-shared" if shared else ".complete")
     if not done.exists():
-        draft, target = make_tiny_pair(root, shared=False, seed=TINY_SEED)
+        draft, target = make_tiny_pair(root, shared=shared, seed=TINY_SEED)
         done.touch()
     return target, draft
 
@@ -47,8 +49,8 @@ class Context:
 
         key = (target, draft)
         if key not in self.pairs:
-            if key == TINY_PAIR:
-                target_dir, draft_dir = tiny_pair_folders()
+            if key in (TINY_PAIR, TINY_SHARED_PAIR):
+                target_dir, draft_dir = tiny_pair_folders(shared=key == TINY_SHARED_PAIR)
                 loaded = wanspec.load_pair(target_dir, draft_dir, threads=self.threads)
             else:
                 loaded = wanspec.load_pair(target, draft, threads=self.threads)

@@ -38,6 +38,8 @@ class Experiment:
     run_cell: Callable[[Cell, Context], dict[str, Any]]
     table: Callable[[list[Line]], list[Row]]
     plot: Callable[[list[Row], Path], list[Path]]
+    # further Markdown tables drawn from the same rows (summary.md, printed after the table)
+    summary: Callable[[list[Row]], str] | None = None
 
 
 # ============================================================================ generation cells
@@ -550,7 +552,16 @@ EXPERIMENTS: dict[str, Experiment] = {
 }
 
 
+# other command names of an experiment (the issues' names), alias -> experiment
+ALIASES: dict[str, str] = {}
+
+
 def get_experiment(name: str) -> Experiment:
+    name = ALIASES.get(name, name)
     if name not in EXPERIMENTS:
         raise ValueError(f"unknown experiment {name!r}; known: {', '.join(EXPERIMENTS)}")
     return EXPERIMENTS[name]
+
+
+# AceSpec's experiments add themselves to EXPERIMENTS and ALIASES (that module imports this one)
+from wanspec.bench import acespec as _acespec  # noqa: E402, F401

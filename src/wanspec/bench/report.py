@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from wanspec.bench.experiments import EXPERIMENTS
-from wanspec.bench.sweep import MANIFEST, environment, finalize, markdown_table
+from wanspec.bench.sweep import MANIFEST, SUMMARY, environment, finalize, markdown_table
 
 HEADER = """# wanspec results
 
@@ -23,9 +23,7 @@ Generated {date} from the results under `{out}`. Every number below comes from t
 (virtual time from compute profiles, real models, exact wire sizes); each experiment lists the
 commands that produced it. The full configuration (`--config full`: the shared prompt sets of
 `../shared/data`, 100 prompts each, Qwen2.5-Coder-1.5B target) runs the same commands with
-`--config full`; on a 2-core CPU it takes days, not minutes. AceSpec's experiments (Table I,
-Figs. 5–7, Table II) are not here yet: they need methods wanspec does not have yet (picospec,
-acespec, acespec-x).
+`--config full`; on a 2-core CPU it takes days, not minutes.
 """
 
 
@@ -91,6 +89,8 @@ def _experiment_section(folder: Path, report_dir: Path, several_envs: bool) -> l
         "",
     ]
     lines += [markdown_table(rows), ""]
+    if experiment.summary is not None:
+        lines += [(folder / SUMMARY).read_text(encoding="utf-8").rstrip(), ""]
     pngs = [f for f in figures if f.suffix == ".png"]
     for png in pngs:
         rel = os.path.relpath(png, report_dir)

@@ -7,6 +7,7 @@ Layout of an output directory (one folder per experiment):
                                      (command, wall time, cells run/skipped, versions, machine)
     OUT/<experiment>/results.csv     the table, one row per current cell (rewritten)
     OUT/<experiment>/table.md        the same as a Markdown table
+    OUT/<experiment>/summary.md      further tables from the same rows (some experiments)
     OUT/<experiment>/<experiment>.png / .svg, and figures.json (the rows they show: a rerun
                                      or a report redraws them only when the rows change)
 """
@@ -38,6 +39,7 @@ from wanspec.bench.runner import (
 
 MANIFEST = "manifest.json"
 FIGURES_STAMP = "figures.json"  # which rows the figures on disk show
+SUMMARY = "summary.md"  # an experiment's further tables, when it has any
 PACKAGES = (
     "wanspec",
     "torch",
@@ -82,6 +84,7 @@ def run_experiment(
 ) -> SweepSummary:
     """Run (or resume) `name` under `config` into `out/name`, then write its table and plots."""
     experiment = get_experiment(name)
+    name = experiment.name  # an alias runs into its experiment's folder
     folder = Path(out) / name
     ctx = Context(threads=config.threads, data_dir=data_dir)
     cells = experiment.cells(config, ctx)
@@ -137,6 +140,8 @@ def finalize(folder: Path) -> tuple[list[Row], list[Path]]:
         row["hash"] = line["hash"]
     _write_csv(folder / "results.csv", rows)
     (folder / "table.md").write_text(markdown_table(rows) + "\n", encoding="utf-8")
+    if experiment.summary is not None:
+        (folder / SUMMARY).write_text(experiment.summary(rows) + "\n", encoding="utf-8")
     return rows, _figures(experiment, rows, folder)
 
 
