@@ -350,21 +350,19 @@ def _table1_plot(rows: list[Row], folder: Path) -> list[Path]:
 # ============================================================================ acespec-bandwidth
 
 
-def _bandwidth_cells(config: Config, ctx: Context) -> list[Cell]:
+def _sweep_cells(
+    experiment: str, config: Config, ctx: Context, runs: list[tuple[str, dict[str, Any]]]
+) -> list[Cell]:
+    """One cell per (method, `ace_cell` options) on the first dataset and the shared pair."""
     setup = setup_of(config)
-    return [
-        ace_cell(
-            "acespec-bandwidth",
-            config,
-            ctx,
-            method,
-            setup.datasets[0],
-            setup.shared_pair,
-            bandwidth_bps=rate,
-        )
-        for rate in setup.bandwidths_bps
-        for method in BANDWIDTH_METHODS
-    ]
+    dataset, pair = setup.datasets[0], setup.shared_pair
+    return [ace_cell(experiment, config, ctx, m, dataset, pair, **kw) for m, kw in runs]
+
+
+def _bandwidth_cells(config: Config, ctx: Context) -> list[Cell]:
+    rates = setup_of(config).bandwidths_bps
+    runs = [(m, {"bandwidth_bps": rate}) for rate in rates for m in BANDWIDTH_METHODS]
+    return _sweep_cells("acespec-bandwidth", config, ctx, runs)
 
 
 def _link_rows(lines: list[Line]) -> list[Row]:
@@ -384,18 +382,35 @@ def _link_rows(lines: list[Line]) -> list[Row]:
     return rows
 
 
-def _bandwidth_plot(rows: list[Row], folder: Path) -> list[Path]:
-    from wanspec.bench import plots
+def _sweep_plot(
+    rows: list[Row],
+    folder: Path,
+    stem: str,
+    *,
+    x: str,
+    panels: list[tuple[str, str]],
+    xlabel: str,
+    logx: bool = False,
+) -> list[Path]:
+    """One line per method of each panel's column against the swept setting, per dataset."""
+    from wanspec.bench import plots  # matplotlib: only when drawing
 
     fig = plots.lines_vs(
+        rows, x=x, panels=panels, series="method", facet="dataset", xlabel=xlabel, logx=logx
+    )
+    return plots.save(fig, folder, stem)
+
+
+def _bandwidth_plot(rows: list[Row], folder: Path) -> list[Path]:
+    return _sweep_plot(
         rows,
+        folder,
+        "acespec-bandwidth",
         x="bandwidth bps",
         panels=[("tokens/s", "throughput, tokens/s"), ("TTFT ms", "time to first token, ms")],
-        series="method",
-        facet="dataset",
         xlabel="link rate (each direction), bit/s",
+        logx=True,
     )
-    return plots.save(fig, folder, "acespec-bandwidth")
 
 
 # ============================================================================ acespec-ablation
@@ -407,17 +422,13 @@ def _ablation_cells(config: Config, ctx: Context) -> list[Cell]:
     """Issue 8's pipelines first, then the constrained link, then Table II's shapes (a run cut
     short keeps the cells that matter most)."""
     setup = setup_of(config)
-    dataset, pair = setup.datasets[0], setup.shared_pair
-
-    def cell(method: str, **kwargs: Any) -> Cell:
-        return ace_cell("acespec-ablation", config, ctx, method, dataset, pair, **kwargs)
-
     fixed = {"tree_fixed": True, "tree_budget": setup.ablation_budget}
-    return [
-        *[cell(method) for method in PIPELINE_METHODS],
-        cell("acespec", bandwidth_bps=setup.constrained_bps),
-        *[cell("acespec", tree={**fixed, "tree_allocation": mode}) for mode in ALLOCATIONS],
+    runs = [
+        *[(method, {}) for method in PIPELINE_METHODS],
+        ("acespec", {"bandwidth_bps": setup.constrained_bps}),
+        *[("acespec", {"tree": {**fixed, "tree_allocation": mode}}) for mode in ALLOCATIONS],
     ]
+    return _sweep_cells("acespec-ablation", config, ctx, runs)
 
 
 def _part(line: Line) -> str:
@@ -566,19 +577,9 @@ def _ablation_plot(rows: list[Row], folder: Path) -> list[Path]:
 
 
 def _budget_cells(config: Config, ctx: Context) -> list[Cell]:
-    setup = setup_of(config)
-    return [
-        ace_cell(
-            "acespec-budget",
-            config,
-            ctx,
-            "acespec",
-            setup.datasets[0],
-            setup.shared_pair,
-            tree={"tree_fixed": True, "tree_budget": budget},
-        )
-        for budget in setup.budgets
-    ]
+    budgets = setup_of(config).budgets
+    runs = [("acespec", {"tree": {"tree_fixed": True, "tree_budget": b}}) for b in budgets]
+    return _sweep_cells("acespec-budget", config, ctx, runs)
 
 
 def _budget_table(lines: list[Line]) -> list[Row]:
@@ -589,52 +590,36 @@ def _budget_table(lines: list[Line]) -> list[Row]:
 
 
 def _budget_plot(rows: list[Row], folder: Path) -> list[Path]:
-    from wanspec.bench import plots
-
-    fig = plots.lines_vs(
+    return _sweep_plot(
         rows,
+        folder,
+        "acespec-budget",
         x="B",
         panels=[("hit rate", "tree-cache hit rate"), ("tokens/s", "throughput, tokens/s")],
-        series="method",
-        facet="dataset",
         xlabel="budget B (tips per tree pass, fixed)",
-        logx=False,
     )
-    return plots.save(fig, folder, "acespec-budget")
 
 
 def _temperature_cells(config: Config, ctx: Context) -> list[Cell]:
     setup = setup_of(config)
     fixed = {"tree_fixed": True, "tree_budget": setup.ablation_budget}
-    return [
-        ace_cell(
-            "acespec-temperature",
-            config,
-            ctx,
-            method,
-            setup.datasets[0],
-            setup.shared_pair,
-            temperature=temperature,
-            tree=fixed,
-        )
-        for temperature in setup.temperatures
+    runs = [
+        (method, {"temperature": t, "tree": fixed})
+        for t in setup.temperatures
         for method in TEMPERATURE_METHODS
     ]
+    return _sweep_cells("acespec-temperature", config, ctx, runs)
 
 
 def _temperature_plot(rows: list[Row], folder: Path) -> list[Path]:
-    from wanspec.bench import plots
-
-    fig = plots.lines_vs(
+    return _sweep_plot(
         rows,
+        folder,
+        "acespec-temperature",
         x="T",
         panels=[("hit rate", "tree-cache hit rate"), ("alpha", "per-token acceptance α")],
-        series="method",
-        facet="dataset",
         xlabel="temperature T (top-p fixed)",
-        logx=False,
     )
-    return plots.save(fig, folder, "acespec-temperature")
 
 
 # ============================================================================ registry
