@@ -30,10 +30,11 @@ def bench() -> None:
 @bench.command("list")
 def list_experiments() -> None:
     """Every experiment and configuration."""
+    width = max(len(name) for name in [*EXPERIMENTS, *ALIASES])
     for e in EXPERIMENTS.values():
-        click.echo(f"{e.name:<12} {e.title}")
+        click.echo(f"{e.name:<{width}} {e.title}")
     for alias, name in ALIASES.items():
-        click.echo(f"{alias:<12} = {name}")
+        click.echo(f"{alias:<{width}} = {name}")
     click.echo(f"\nconfigurations: {', '.join(CONFIGS)}")
 
 
