@@ -69,6 +69,8 @@ CASES = {
     "no_o_mass": Case((3, 1, 2, 0, 0, 0), (1, 1, 1, 3, 0, 0)),
     # q nearly one-hot
     "near_deterministic": Case((0, 0, 5, 0, 1, 0), (1, 1, 1, 3, 0, 0)),
+    # the whole residual is a single count
+    "one_count_residual": Case((2, 1, 0, 0, 0, 0), (1, 2, 0, 0, 0, 0)),
     # shared vocabulary: no O at all, p has mass everywhere
     "shared_vocab": Case((2, 0, 1, 0, 2, 1), (1, 2, 0, 1, 1, 1), SHARED),
 }
@@ -85,7 +87,7 @@ def _hr(piggyback: bool) -> Resolver:
     def resolve(q, p, common, edge, cloud) -> int:
         payload = hybrid_cloud_payload(q, common, cloud, piggyback=piggyback)
         choice = hybrid_edge_resolve(payload, p, common, edge)
-        if choice.token is None:
+        if choice.token is None and not piggyback:  # piggybacked: the O-sample is already there
             return hybrid_o_sample(q, common, cloud)
         return choice.token
 
@@ -177,6 +179,8 @@ def test_hr_payload_draws_no_o_sample_when_asked_not_to_or_when_o_has_no_mass() 
     payload = hybrid_cloud_payload(q0, common, rng)
     assert payload.o_sample is None and payload.theta_o == 0
     assert rng.draws == []
+    single = hybrid_cloud_payload(np.array([5, 0, 0, 0, 1, 0]), common, rng)  # θ_o = 1 count
+    assert single.o_sample == 4 and single.theta_o == 1
 
 
 @pytest.mark.parametrize("case", ["mixed", "heavy_o", "p_covers_c", "no_o_mass"])
@@ -197,7 +201,7 @@ def test_hr_edge_picks_c_with_probability_theta_c_share_then_the_c_residual(case
 def test_hr_edge_refuses_an_empty_residual() -> None:
     q = np.array([2, 1, 0, 0, 0, 0])
     payload = hybrid_cloud_payload(q, COMMON, ScriptedRng())
-    with pytest.raises(ValueError, match="empty residual"):
+    with pytest.raises(ValueError, match=r"^empty residual in hybrid resampling$"):
         hybrid_edge_resolve(payload, q, COMMON, ScriptedRng())
     with pytest.raises(ValueError, match=r"^empty residual: q <= p everywhere"):
         sample_residual(q, q, ScriptedRng())
@@ -231,7 +235,7 @@ def test_srdv_candidates_are_independent_draws_of_q() -> None:
     expected = {(a, b): (third if a == 0 else 2 * third) * (third if b == 0 else 2 * third)
                 for a in (0, 2) for b in (0, 2)}  # fmt: skip
     assert law == expected
-    with pytest.raises(ValueError, match="K >= 1"):
+    with pytest.raises(ValueError, match=r"^SR-DV needs K >= 1 candidates$"):
         srdv_cloud_candidates(q, 0, ScriptedRng())
 
 
@@ -242,7 +246,7 @@ def test_srdv_accepts_o_candidates_always_and_rejects_when_p_dominates() -> None
     assert srdv_edge_verify((0,), (4,), p, rng) is None  # q <= p: never accepted
     assert srdv_edge_verify((0, 0, 3), (4, 4, 2), p, rng) == 3
     assert rng.draws == []  # certain outcomes draw nothing
-    with pytest.raises(ValueError, match="positive target"):
+    with pytest.raises(ValueError, match=r"^a candidate must have positive target probability$"):
         srdv_edge_verify((2,), (0,), p, rng)
     with pytest.raises(ValueError):  # ids and their counts must line up
         srdv_edge_verify((0, 2), (4,), p, rng)
@@ -358,6 +362,9 @@ def test_tr_truncation_keeps_the_top_k_ids_ascending() -> None:
     for k, top in [(1, [1]), (2, [1, 3]), (4, [0, 1, 3, 4])]:
         ids, counts = truncate_top_k(np.array([1, 5, 0, 3, 2, 0]), k)
         assert ids.tolist() == top, k
+    big = np.random.default_rng(3).permutation(20_000)  # numpy's introselect at vocab scale
+    for k in (1, 2, 50, 999):
+        assert truncate_top_k(big, k)[0].tolist() == sorted(np.argsort(-big)[:k].tolist()), k
     with pytest.raises(ValueError, match=r"^TR needs k >= 1$"):
         truncate_top_k(np.array([1, 2]), 0)
 
