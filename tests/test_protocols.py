@@ -334,7 +334,8 @@ def test_edge_ends_cleanly_on_a_reply_for_the_wrong_round(shared_world: World) -
 
     edge, _ = shared_world.machines("xcosd", max_new_tokens=4)
     actions = edge.handle(Start())
-    ack = wire.HelloAck(2, "", edge.fingerprints.target_tokenizer, {"eos_token_ids": []})
+    fp = edge.fingerprints
+    ack = wire.HelloAck(2, fp.target_model, fp.target_tokenizer, {"eos_token_ids": []})
     edge.handle(MessageReceived(ack))
     run = session_executor(shared_world.draft)
     while not any(isinstance(a, Send) and isinstance(a.msg, wire.Draft) for a in actions):
