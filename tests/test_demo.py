@@ -36,7 +36,9 @@ def test_demo_runs_every_method_over_tcp_and_greedy_agrees(
     assert spec["rounds"] >= 2 and spec["time_s"] >= spec["rounds"] * link.rtt_s  # paid the RTT
     assert not any(line.rstrip().endswith("NO") for line in lines)
     assert any("SIMULATED: edge-orin + cloud-a100-32b" in line for line in lines)
-    assert "Why the speculative methods lose here" in lines[-1]
+    why = lines[-1]
+    assert why.startswith("\nWhy.") and "Projected on edge-orin + cloud-a100-32b" in why
+    assert why.count("ms per token against") == 2  # here and projected, each with its numbers
 
 
 def test_the_demo_needs_ar_first_as_its_baseline() -> None:

@@ -279,13 +279,13 @@ def _generate_remote(
 @click.option("--max-new-tokens", type=int, default=32, show_default=True)
 @click.option(
     "--edge-profile",
-    default="edge-orin",
+    default="edge-orin-opt",
     show_default=True,
     help="Edge compute profile of the simulated projection.",
 )
 @click.option(
     "--cloud-profile",
-    default="cloud-a100-32b",
+    default="cloud-a100x4-70b",
     show_default=True,
     help="Cloud compute profile of the simulated projection.",
 )

@@ -30,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,7 @@ class SessionRecord:
     duration_s: float = 0.0
     rounds: int = 0  # verification passes
     forward_s: float = 0.0  # wall seconds of this session's model jobs
+    compute_s: dict[str, float] = field(default_factory=dict)  # the same by label (verify, …)
     handle_cpu_s: float = 0.0  # CPU seconds in the protocol machine (sampling, verification)
     loop_cpu_s: float = 0.0  # CPU seconds of the event-loop thread (exact with one session)
     up_bytes: int = 0
@@ -97,6 +98,7 @@ class SessionRecord:
         self.outcome = result.finish_reason
         self.rounds = result.computes.get("verify", 0)
         self.forward_s = sum(result.compute_s.values())
+        self.compute_s = dict(result.compute_s)
         self.handle_cpu_s = result.handle_cpu_s
 
 
