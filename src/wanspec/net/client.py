@@ -26,7 +26,7 @@ from typing import Any
 from wanspec import wire
 from wanspec.models.jobs import run_job
 from wanspec.net.driver import DriveResult, DriverLimits, SessionAborted, drive
-from wanspec.net.framing import MessageStream, TrafficCounter, write_message
+from wanspec.net.framing import ConnectionClosed, MessageStream, TrafficCounter, write_message
 from wanspec.net.units import parse_address
 from wanspec.protocols.base import PROTOCOL_VERSION, ErrorCode
 from wanspec.protocols.endpoints import EdgeMachine
@@ -35,6 +35,7 @@ from wanspec.protocols.settings import GenerationSettings
 from wanspec.vocab import TokenTable, VocabAlignment
 
 Address = tuple[str, int]
+NO_ANSWER_HINT = " (before any answer: a TLS server reached without TLS, or not a wanspec server?)"
 
 
 class RemoteError(RuntimeError):
@@ -45,7 +46,7 @@ class RemoteError(RuntimeError):
     def __init__(self, message: str, code: int | None = None) -> None:
         super().__init__(message)
         self.code: ErrorCode | int | None = code
-        if code is not None and code in ErrorCode._value2member_map_:
+        with contextlib.suppress(ValueError, TypeError):
             self.code = ErrorCode(code)
 
 
@@ -174,8 +175,9 @@ async def server_facts(
         if not isinstance(reply, wire.HelloAck) or "vocab_width" not in reply.info:
             raise RemoteError(f"the server answered the handshake with {reply!r}")
         await stream.send(wire.Close("probe"))
-    except (OSError, wire.WireError, TimeoutError) as exc:
-        raise RemoteError(f"handshake with {address[0]}:{address[1]} failed: {exc}") from exc
+    except (OSError, wire.WireError, ConnectionClosed) as exc:
+        where = f"{address[0]}:{address[1]}"
+        raise RemoteError(f"handshake with {where} failed: {exc}{NO_ANSWER_HINT}") from exc
     finally:
         await close_stream(stream)
     return {"target_model": reply.target_model, **reply.info}
@@ -312,7 +314,9 @@ async def generate_async(
             on_emit=on_emit,
         )
     except (SessionAborted, OSError) as exc:
-        raise RemoteError(f"the session with {address[0]}:{address[1]} broke off: {exc}") from exc
+        hint = "" if stream.received.messages else NO_ANSWER_HINT
+        where = f"{address[0]}:{address[1]}"
+        raise RemoteError(f"the session with {where} broke off: {exc}{hint}") from exc
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
         await close_stream(stream)
