@@ -67,15 +67,16 @@ def cloud_behind_wan(
     **server_options: Any,
 ) -> Iterator[tuple[str, CloudServer, WanProxy]]:
     """A `CloudServer` for `target_lm` and a `WanProxy` in front of it (`up`: edge → cloud),
-    both on loopback on a background loop; yields ("HOST:PORT" of the proxy, server, proxy).
-    `server_options` go to `CloudServer` (token, tls, limits, …)."""
-    with BackgroundLoop("wanspec-cloud") as background:
+    both on loopback, each on a background loop of its own (so the server's event-loop CPU is
+    its own); yields ("HOST:PORT" of the proxy, server, proxy). `server_options` go to
+    `CloudServer` (token, tls, limits, …)."""
+    with BackgroundLoop("wanspec-cloud") as cloud, BackgroundLoop("wanspec-wan") as wan:
         server = CloudServer(target_lm, info, host="127.0.0.1", port=0, **server_options)
-        background.run(server.start())
+        cloud.run(server.start())
         proxy = WanProxy(("127.0.0.1", 0), server.address, up, down, seed=seed)
         try:
-            background.run(proxy.start())
+            wan.run(proxy.start())
             yield "{}:{}".format(*proxy.address), server, proxy
         finally:
-            background.run(proxy.stop(), 30)
-            background.run(server.stop(), 30)
+            wan.run(proxy.stop(), 30)
+            cloud.run(server.stop(), 30)
