@@ -24,7 +24,7 @@ lint: setup
 test: lint
 	WANSPEC_VERYSLOW=1 $(PY) -m pytest -q
 
-# Mutation testing, not part of `make test` or CI (about 30 minutes on 2 cores): mutmut mutates
+# Mutation testing, not part of `make test` or CI (hours on 2 shared cores; docs/MUTATION.md): it mutates
 # the packages below and runs the fast tests named in pyproject's [tool.mutmut] against each
 # mutant, then prints the score per package. To add a package, also add its source glob and its
 # tests there. Scores and survivors: docs/MUTATION.md.
