@@ -126,6 +126,7 @@ def test_ablation_row_bound_uses_per_token_alpha_and_the_mean_budget() -> None:
     assert row["ideal bound tokens/s"] == pytest.approx(1.875 / 0.248)
     assert row["of bound"] == pytest.approx(4.0 / (1.875 / 0.248))
     assert row["hit rate"] == 0.5
+    assert (row["tokens/round"], row["ms/round"]) == (2.0, 500.0)
 
 
 def test_summary_judges_the_targets_at_their_thresholds() -> None:
@@ -137,6 +138,9 @@ def test_summary_judges_the_targets_at_their_thresholds() -> None:
             "of bound": tps / bound if bound else None,
             "hit rate": None,
             "alpha": None,
+            "E[L]": None,
+            "tokens/round": None,
+            "ms/round": None,
             "mean B": None,
         }
 
