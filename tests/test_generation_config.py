@@ -5,9 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from transformers import (
-    AutoModelForCausalLM,
     GenerationConfig,
-    LlamaConfig,
     MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
@@ -15,6 +13,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from hfgenerate import generate_processors, tiny_causal_lm
 from wanspec.models.generation import sampling_defaults, unsupported_generation_settings
 from wanspec.sampling import SamplingParams, warp_logits, warp_probs
 
@@ -30,26 +29,14 @@ COVERED = (
 
 @pytest.fixture(scope="module")
 def hf_model() -> torch.nn.Module:
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        eos_token_id=0,
-    )
-    return AutoModelForCausalLM.from_config(config)
+    return tiny_causal_lm(VOCAB)
 
 
 def model_processors(model: torch.nn.Module, config: GenerationConfig) -> tuple[object, list]:
     """What `model.generate(ids)` does with no arguments once `config` is the model's own."""
     model.generation_config = config
     prepared, _ = model._prepare_generation_config(None)
-    prepared._eos_token_tensor = torch.tensor([0])  # generate sets this before the processors
-    processors = model._get_logits_processor(
-        prepared, input_ids_seq_length=3, device="cpu", model_kwargs={}
-    )
-    return prepared, processors
+    return prepared, generate_processors(model)
 
 
 CONFIGS = [

@@ -10,8 +10,9 @@ import math
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, GenerationConfig, LlamaConfig, LogitsProcessorList
+from transformers import GenerationConfig, LogitsProcessorList
 
+from hfgenerate import generate_processors, tiny_causal_lm
 from wanspec.sampling import SamplingParams, warp_logits, warp_probs
 
 VOCAB = 300
@@ -19,24 +20,7 @@ VOCAB = 300
 
 @pytest.fixture(scope="module")
 def hf_model() -> torch.nn.Module:
-    """A minimal transformers causal LM: only its `generate` machinery is used."""
-    config = LlamaConfig(
-        vocab_size=VOCAB,
-        hidden_size=16,
-        intermediate_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        eos_token_id=0,
-    )
-    return AutoModelForCausalLM.from_config(config)
-
-
-def generate_processors(model: torch.nn.Module, config: GenerationConfig) -> LogitsProcessorList:
-    """The logits processors `model.generate(generation_config=config)` would apply."""
-    prepared, _ = model._prepare_generation_config(config)
-    return model._get_logits_processor(
-        prepared, input_ids_seq_length=1, device="cpu", model_kwargs={}
-    )
+    return tiny_causal_lm(VOCAB)
 
 
 def random_case(seed: int, rows: int = 12) -> tuple[torch.Tensor, list[list[int]]]:
