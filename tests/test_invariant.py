@@ -165,6 +165,9 @@ def test_make_batch_invariant_swaps_every_linear_once(tiny_models: dict) -> None
         type(m) is InvariantLinear for m in lm.model.modules() if isinstance(m, torch.nn.Linear)
     )
     assert lm.model.config._attn_implementation == "wanspec_invariant"
+    for bad in (0, -2, 1.5, True):
+        with pytest.raises(ValueError, match="row_chunk"):
+            make_batch_invariant(lm.model, row_chunk=bad)
 
 
 @pytest.mark.slow
