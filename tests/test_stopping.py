@@ -107,10 +107,11 @@ def test_matching_mode_is_transformers(tokenizer) -> None:
     assert matching_mode(tokenizer) == StopStringCriteria._get_stop_string_matching_mode(tokenizer)
 
 
-def test_stop_position_equals_stop_string_criteria(tokenizer) -> None:
-    rng = random.Random(hash(tokenizer.style) % 1000)
+def agree_on_random_cases(tokenizer, rng: random.Random, cases: int) -> tuple[int, int]:
+    """Our stop position equals the criterion's on random cases; how many fired, and how many
+    of those matched across the prompt/output boundary."""
     fired = crossing = 0
-    for _ in range(250):
+    for _ in range(cases):
         sequence = random_sequence(tokenizer, rng)
         cut = rng.randint(0, len(sequence) - 1)
         prompt, output = sequence[:cut], sequence[cut:]
@@ -126,8 +127,25 @@ def test_stop_position_equals_stop_string_criteria(tokenizer) -> None:
         assert ours == theirs, (stops, prompt, output)
         fired += theirs is not None
         crossing += theirs is not None and prompt != [] and ours < len(output)
+    return fired, crossing
+
+
+def test_stop_position_equals_stop_string_criteria(tokenizer) -> None:
+    fired, crossing = agree_on_random_cases(tokenizer, random.Random(len(tokenizer)), 250)
     assert fired > 60  # the cases really exercise matches, not only misses
     assert crossing > 0
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["smollm2-135m", "qwen2.5-coder-0.5b"])
+def test_real_tokenizers_stop_where_the_criterion_does(name: str) -> None:
+    from transformers import AutoTokenizer
+
+    from wanspec.models.registry import resolve_model
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model(name, progress=False))
+    fired, _ = agree_on_random_cases(tokenizer, random.Random(1), 12)
+    assert fired >= 6
 
 
 def test_special_token_stop_string_fires_on_the_special_token() -> None:

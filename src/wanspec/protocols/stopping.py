@@ -91,7 +91,10 @@ class TokenPieces:
         return self._cache[token_id]
 
     def _piece(self, token_id: int) -> Piece | None:
-        token = self.tokenizer.convert_ids_to_tokens(token_id)
+        try:
+            token = self.tokenizer.convert_ids_to_tokens(token_id)
+        except (IndexError, KeyError, OverflowError):  # slow tokenizers raise for unknown ids
+            return None
         if token is None:
             return None
         if self.mode == "byte_level":
