@@ -53,6 +53,8 @@ def run_demo(
     echo(f"WAN proxy between them: {link}")
     methods = methods or METHODS + (SHARED_ONLY if pair.shared_vocab else ())
     greedy = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
+    # Warm both models up (first passes allocate and pick kernels) before anything is timed.
+    wanspec.generate(pair, prompt, "naive", max_new_tokens=2, temperature=0.0)
     rows: list[dict[str, Any]] = []
     with cloud_behind_wan(pair.target, pair.cloud_info, *link_specs(link)) as (address, server, _):
         for method in methods:
