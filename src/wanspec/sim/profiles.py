@@ -11,10 +11,23 @@ JSON format (the same as the output of a latency benchmark, so a bench result is
      "forward_ms": {"1": 40.0, "4": 40.0, "64": 45.0},   # ms per pass of n new tokens
      "tree_ms": {"1": 40.0, "64": 46.0},                # optional: ms per tree of n nodes
      "context_ms_per_token": 0.0,                        # optional: ms per cached token per pass
-     "cpu_ms": 0.0}                                      # optional: ms per "cpu" computation
+     "cpu_ms": 0.0,                                      # optional: ms per "cpu" computation
+     "batch_session_ms": 0.0}                            # optional: ms per extra session in a pass
 
 A value may also be a list of repeated measurements (the median is used). Other keys (model,
 device, notes, ...) are kept as metadata and ignored.
+
+Batched passes (a cloud serving many edges, `wanspec.sim.many`): one pass over one job from each
+of S sessions, n_j new tokens after c_j cached ones, costs
+
+    T(tokens, sessions) = curve(Σ n_j) + context_ms_per_token · Σ c_j + batch_session_ms · (S − 1)
+
+A decode pass is bound by reading the weights, which the curve's value at one token mostly is
+and which a batch reads once; every position adds its compute along the curve's slope wherever
+it comes from; each further session adds what it alone brings: reading its own KV cache (the
+shipped A100 profiles derive `batch_session_ms` from the model's KV bytes per token at a
+512-token context and the bandwidth their T(1) implies). With S = 1 this is exactly `seconds`,
+so one edge on a shared cloud times as it does alone.
 """
 
 from __future__ import annotations
@@ -23,7 +36,7 @@ import bisect
 import json
 import os
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
@@ -127,10 +140,13 @@ class TableProfile:
     cpu_ms: float = 0.0
     source: str = ""
     metadata: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    batch_session_ms: float = 0.0
 
     def __post_init__(self) -> None:
         if not self.context_ms_per_token >= 0 or not self.cpu_ms >= 0:
             raise ValueError("context_ms_per_token and cpu_ms must be >= 0")
+        if not self.batch_session_ms >= 0:
+            raise ValueError(f"batch_session_ms must be >= 0, got {self.batch_session_ms!r}")
 
     def seconds(self, cost: ComputeCost, wall_s: float | None = None) -> float:
         """Virtual duration of `cost`; passes run back to back, each adding n to the context."""
@@ -144,6 +160,29 @@ class TableProfile:
         context_tokens = p * cost.context + cost.n * p * (p - 1) // 2
         return (p * curve(cost.n) + self.context_ms_per_token * context_tokens) / 1000.0
 
+    def batch_seconds(self, costs: Sequence[ComputeCost]) -> float:
+        """One batched pass over one job of each of several sessions (formula in the module
+        docstring); a single job costs exactly `seconds(job)`."""
+        if len(costs) == 0:
+            raise ValueError("a batched pass needs at least one job")
+        if len(costs) == 1:
+            return self.seconds(costs[0])
+        for cost in costs:
+            _check_cost(cost)
+            if cost.kind != "cpu" and cost.passes > 1:
+                raise ValueError(f"a batched pass cannot hold a job of {cost.passes} passes")
+        passes = [c for c in costs if c.kind != "cpu" and c.n > 0 and c.passes > 0]
+        if not passes:  # bookkeeping only: side by side, as long as the longest
+            return max(self.seconds(c) for c in costs)
+        trees = self.tree is not None and all(c.kind == "tree" for c in passes)
+        curve = self.tree if trees and self.tree is not None else self.forward
+        ms = (
+            curve(sum(c.n for c in passes))
+            + self.context_ms_per_token * sum(c.context for c in passes)
+            + self.batch_session_ms * (len(passes) - 1)
+        )
+        return ms / 1000.0
+
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
             **self.metadata,
@@ -155,6 +194,8 @@ class TableProfile:
             data["tree_ms"] = self.tree.to_mapping()
         data["context_ms_per_token"] = self.context_ms_per_token
         data["cpu_ms"] = self.cpu_ms
+        if self.batch_session_ms:
+            data["batch_session_ms"] = self.batch_session_ms
         return data
 
 
@@ -178,7 +219,15 @@ class MeasuredProfile:
         return max(0.0, wall_s) * self.scale
 
 
-_KNOWN_KEYS = ("name", "source", "forward_ms", "tree_ms", "context_ms_per_token", "cpu_ms")
+_KNOWN_KEYS = (
+    "name",
+    "source",
+    "forward_ms",
+    "tree_ms",
+    "context_ms_per_token",
+    "cpu_ms",
+    "batch_session_ms",
+)
 
 
 def profile_from_dict(data: Mapping[str, Any], name: str | None = None) -> TableProfile:
@@ -194,9 +243,21 @@ def profile_from_dict(data: Mapping[str, Any], name: str | None = None) -> Table
         tree=None if tree is None else Curve.from_mapping(tree),
         context_ms_per_token=float(data.get("context_ms_per_token", 0.0)),
         cpu_ms=float(data.get("cpu_ms", 0.0)),
+        batch_session_ms=float(data.get("batch_session_ms", 0.0)),
         source=str(data.get("source", "")),
         metadata={k: v for k, v in data.items() if k not in _KNOWN_KEYS},
     )
+
+
+def batch_seconds(profile: Profile, costs: Sequence[ComputeCost]) -> float:
+    """What `profile` charges for one pass batching `costs` (one job per session)."""
+    price = getattr(profile, "batch_seconds", None)
+    if price is None:
+        raise ValueError(
+            f"profile {profile.name!r} cannot price a batched pass (it charges what it measures); "
+            "give the shared cloud a table profile, e.g. cloud-a100-8b"
+        )
+    return float(price(costs))
 
 
 def _user_dir() -> Path:
