@@ -10,22 +10,27 @@ from wanspec.sim.driver import (
     simulate,
 )
 from wanspec.sim.link import LINK_PRESETS, Channel, Link, Transmission, link_preset
+from wanspec.sim.many import BatchPass, EdgeSession, ManyResult, simulate_many
 from wanspec.sim.profiles import (
     Curve,
     MeasuredProfile,
     Profile,
     TableProfile,
     available_profiles,
+    batch_seconds,
     load_profile,
     profile_from_dict,
 )
 
 __all__ = [
     "LINK_PRESETS",
+    "BatchPass",
     "Channel",
     "Curve",
+    "EdgeSession",
     "EmitRecord",
     "Link",
+    "ManyResult",
     "MeasuredProfile",
     "Profile",
     "SimResult",
@@ -36,8 +41,10 @@ __all__ = [
     "TraceRecord",
     "Transmission",
     "available_profiles",
+    "batch_seconds",
     "link_preset",
     "load_profile",
     "profile_from_dict",
     "simulate",
+    "simulate_many",
 ]

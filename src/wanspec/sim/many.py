@@ -1,0 +1,340 @@
+"""Many edges, one cloud: several requests on one virtual clock, their cloud jobs batched.
+
+Each edge session is what `simulate` runs alone: an edge machine, its cloud machine, its own
+link (own settings, own channels) and its own executors (its own KV-cache sessions). What the
+sessions share is the cloud's accelerator. It batches continuously, as a serving engine does:
+whenever it frees up it takes the next job of every session that has one queued (one job per
+session per pass, since a session's jobs build on each other's cache; oldest first, up to
+`max_batch_tokens` new tokens, a job larger than that alone) into one pass priced by the cloud
+profile's `batch_seconds` (`T(tokens, sessions)`, see `wanspec.sim.profiles`). A job queued
+while a pass runs waits for that pass to end, never longer unless the token cap is full.
+
+Nothing here knows a protocol: each session is `wanspec.sim.driver`'s per-request bookkeeping
+(sending through the codec, link charging, emits, cancels) with its events on the shared clock
+and its cloud compute handed to the shared accelerator. Machines' outputs do not depend on
+timing, so a session's tokens for a seed are those it gets alone; with one session, or with
+sessions that never overlap, every time equals `simulate`'s.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from wanspec.models.jobs import ComputeCost, Executor
+from wanspec.protocols.base import Compute, Event, Side, Start, StateMachine
+from wanspec.sim.driver import (
+    SimResult,
+    SimulationDeadlock,
+    SimulationTimeout,
+    SizeFn,
+    TraceRecord,
+    _Side,
+    _Simulation,
+)
+from wanspec.sim.link import Link
+from wanspec.sim.profiles import Profile, batch_seconds, load_profile
+
+_CLOUD_WIDE = -1  # session index of the shared accelerator's own events
+DEFAULT_MAX_BATCH_TOKENS = 2048  # vLLM's default max_num_batched_tokens
+
+
+@dataclass(frozen=True)
+class EdgeSession:
+    """One edge's request: its machines, its link, its executors, when it starts."""
+
+    edge: StateMachine
+    cloud: StateMachine
+    link: Link
+    edge_executor: Executor
+    cloud_executor: Executor
+    edge_profile: Profile | str = "measured"
+    start_s: float = 0.0
+
+
+@dataclass(frozen=True)
+class BatchPass:
+    """One pass of the shared accelerator: which sessions rode in it, how many new tokens, and
+    how long each of their jobs had waited in the queue before it began."""
+
+    start: float
+    seconds: float
+    sessions: tuple[int, ...]
+    tokens: int
+    waits: tuple[float, ...]
+
+
+@dataclass
+class ManyResult:
+    """`sessions[i]` is session i's `SimResult` on its own clock (t = 0 at its start); its cloud
+    busy time counts every pass it rode in whole. `passes` are on the shared clock."""
+
+    sessions: list[SimResult]
+    starts: list[float]
+    passes: list[BatchPass]
+    events: int
+
+    @property
+    def cloud_busy_s(self) -> float:
+        """Time the shared accelerator spent in passes."""
+        return sum(p.seconds for p in self.passes)
+
+    @property
+    def end_s(self) -> float:
+        """When the last session finished (shared clock)."""
+        return max(s + r.duration_s for s, r in zip(self.starts, self.sessions, strict=True))
+
+    @property
+    def mean_batch_sessions(self) -> float:
+        return sum(len(p.sessions) for p in self.passes) / len(self.passes) if self.passes else 0
+
+
+@dataclass
+class _PassPrice:
+    """The profile of a session's cloud side on a shared accelerator: a job alone costs what the
+    cloud profile says; a job in a batched pass costs the whole pass (`pass_s`)."""
+
+    profile: Profile
+    pass_s: float | None = None
+    charged_s: float = 0.0  # what the last job was charged
+
+    @property
+    def name(self) -> str:
+        return self.profile.name
+
+    @property
+    def source(self) -> str:
+        return self.profile.source
+
+    def seconds(self, cost: ComputeCost, wall_s: float | None = None) -> float:
+        self.charged_s = self.profile.seconds(cost, wall_s) if self.pass_s is None else self.pass_s
+        return self.charged_s
+
+
+class _Session(_Simulation):
+    """The single-request driver, with its clock, event queue and cloud compute shared."""
+
+    def __init__(
+        self,
+        index: int,
+        spec: EdgeSession,
+        cloud: _SharedCloud,
+        size_fn: SizeFn | None,
+        trace: bool,
+    ) -> None:
+        self.price = _PassPrice(cloud.profile)
+        profiles = (load_profile(spec.edge_profile), self.price)
+        executors = (spec.edge_executor, spec.cloud_executor)
+        super().__init__(spec.edge, spec.cloud, spec.link, profiles, executors, size_fn, trace)
+        self.index, self.shared, self.start_s = index, cloud, spec.start_s
+        self.queued_at: dict[int, float] = {}  # cloud job id -> when it was asked for
+
+    def push(self, t: float, side: Side, event: Event) -> None:
+        self.shared.push(t, self.index, side, event)
+
+    def apply(self, side: _Side, action: Any) -> None:
+        if side.name == "cloud" and isinstance(action, Compute):
+            self.queued_at[action.job_id] = self.now
+        super().apply(side, action)
+
+    def start_next_compute(self, side: _Side) -> None:
+        if side.name == "cloud":
+            self.shared.want_pass()
+        else:
+            super().start_next_compute(side)
+
+    @property
+    def cloud(self) -> _Side:
+        return self.sides["cloud"]
+
+    def waiting(self) -> bool:
+        """A cloud job is queued and this session's previous one is done."""
+        return self.finish is None and not self.cloud.busy and bool(self.cloud.queue)
+
+    def next_cost(self) -> ComputeCost:
+        return self.cloud.queue[0].cost
+
+    def ride(self, now: float, pass_s: float | None) -> float:
+        """Start this session's next cloud job in a pass of `pass_s` (None: alone, priced by the
+        profile); returns what it was charged."""
+        self.now, self.price.pass_s = now, pass_s
+        super().start_next_compute(self.cloud)
+        return self.price.charged_s
+
+    def own_clock(self) -> SimResult:
+        """The result with every time relative to this session's start."""
+        res, t0 = self.result(), self.start_s
+        emits = [replace(e, t=e.t - t0) for e in res.emits]
+        trace = None if res.trace is None else [_shift(r, t0) for r in res.trace]
+        return replace(res, duration_s=res.duration_s - t0, emits=emits, trace=trace)
+
+
+def _shift(record: TraceRecord, t0: float) -> TraceRecord:
+    return replace(record, t=record.t - t0)
+
+
+@dataclass(order=True)
+class _Entry:
+    t: float
+    seq: int
+    index: int = field(compare=False)
+    side: Side = field(compare=False)
+    event: Any = field(compare=False)
+
+
+class _Kick:
+    """The accelerator looks for queued jobs (after the events already due now)."""
+
+
+class _PassEnd:
+    """A pass is over; pushed after its sessions' `ComputeDone`s, so they are handled first."""
+
+
+class _SharedCloud:
+    """The shared clock, event queue and accelerator of all sessions."""
+
+    def __init__(self, profile: Profile, max_batch_tokens: int) -> None:
+        self.profile, self.max_batch_tokens = profile, max_batch_tokens
+        self.sessions: list[_Session] = []
+        self.heap: list[_Entry] = []
+        self.seq = self.events = 0
+        self.now = 0.0
+        self.in_pass = self.kick_due = False
+        self.passes: list[BatchPass] = []
+
+    def push(self, t: float, index: int, side: Side, event: Any) -> None:
+        heapq.heappush(self.heap, _Entry(t, self.seq, index, side, event))
+        self.seq += 1
+
+    def want_pass(self) -> None:
+        if not self.in_pass and not self.kick_due:
+            self.kick_due = True
+            self.push(self.now, _CLOUD_WIDE, "cloud", _Kick())
+
+    def run(self, max_time: float, max_events: int) -> None:
+        for s in self.sessions:
+            s.now = s.start_s
+            self.push(s.start_s, s.index, "cloud", Start())
+            self.push(s.start_s, s.index, "edge", Start())
+        while any(s.finish is None for s in self.sessions):
+            if not self.heap:
+                raise SimulationDeadlock(self._deadlock_message())
+            entry = heapq.heappop(self.heap)
+            self._check_limits(entry, max_time, max_events)
+            self.now = entry.t
+            self._handle(entry)
+
+    def _check_limits(self, entry: _Entry, max_time: float, max_events: int) -> None:
+        if entry.t > max_time:
+            raise SimulationTimeout(
+                f"virtual time passed max_time={max_time} s (next event at {entry.t:.6g} s) "
+                f"with {sum(s.finish is None for s in self.sessions)} sessions unfinished"
+            )
+        self.events += 1
+        if self.events > max_events:
+            raise SimulationTimeout(f"more than max_events={max_events} events; a livelock?")
+
+    def _handle(self, entry: _Entry) -> None:
+        if entry.index == _CLOUD_WIDE:
+            if isinstance(entry.event, _Kick):
+                self.kick_due = False
+            else:
+                self.in_pass = False
+            self.start_pass()
+            return
+        session = self.sessions[entry.index]
+        if session.finish is not None:  # alone, the run would have ended at its Finish
+            return
+        session.now = entry.t
+        session.events += 1
+        session.dispatch(session.sides[entry.side], entry.event)
+
+    def start_pass(self) -> None:
+        if self.in_pass:
+            return
+        riders = self._pick_riders()
+        if not riders:
+            return
+        costs = [s.next_cost() for s in riders]
+        pass_s = batch_seconds(self.profile, costs) if len(riders) > 1 else None
+        waits = tuple(self.now - s.queued_at.pop(s.cloud.queue[0].job_id) for s in riders)
+        charged = [s.ride(self.now, pass_s) for s in riders]
+        seconds = max(charged)
+        tokens = sum(c.n for c in costs if c.kind != "cpu")
+        indices = tuple(s.index for s in riders)
+        self.passes.append(BatchPass(self.now, seconds, indices, tokens, waits))
+        self.in_pass = True
+        self.push(self.now + seconds, _CLOUD_WIDE, "cloud", _PassEnd())
+
+    def _pick_riders(self) -> list[_Session]:
+        """Sessions with a job queued, oldest job first, while the token cap holds."""
+        waiting = [s for s in self.sessions if s.waiting()]
+        waiting.sort(key=lambda s: (s.queued_at[s.cloud.queue[0].job_id], s.index))
+        riders: list[_Session] = []
+        tokens = 0
+        for s in waiting:
+            n = s.next_cost().n
+            if riders and tokens + n > self.max_batch_tokens:
+                break
+            riders.append(s)
+            tokens += n
+        return riders
+
+    def _deadlock_message(self) -> str:
+        stuck = [s.index for s in self.sessions if s.finish is None]
+        return (
+            f"deadlock at t={self.now:.6g} s: nothing in flight and sessions {stuck} have not "
+            "finished"
+        )
+
+
+def simulate_many(
+    sessions: Sequence[EdgeSession],
+    cloud_profile: Profile | str,
+    *,
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    size_fn: SizeFn | None = None,
+    max_time: float = 1e5,
+    max_events: int = 10_000_000,
+    trace: bool = False,
+) -> ManyResult:
+    """Run every session to its edge's `Finish` on one shared cloud accelerator.
+
+    Each session is what `simulate(edge, cloud, link, edge_profile, cloud_profile, ...)` would run
+    alone; `start_s` staggers their starts. Several sessions need a cloud profile that prices a
+    batched pass (a table profile; "measured" prices only what it measures). Raises as
+    `simulate` does: SimulationDeadlock, SimulationTimeout.
+    """
+    if not sessions:
+        raise ValueError("simulate_many needs at least one session")
+    if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int):
+        raise TypeError(f"max_batch_tokens must be an int, got {max_batch_tokens!r}")
+    if max_batch_tokens < 1 or not max_time > 0 or not max_events > 0:
+        raise ValueError("max_batch_tokens, max_time and max_events must be > 0")
+    profile = load_profile(cloud_profile)
+    if len(sessions) > 1 and not hasattr(profile, "batch_seconds"):
+        batch_seconds(profile, [])  # raises the explanation
+    cloud = _SharedCloud(profile, max_batch_tokens)
+    for i, spec in enumerate(sessions):
+        _check_session(i, spec)
+        cloud.sessions.append(_Session(i, spec, cloud, size_fn, trace))
+    cloud.run(max_time, max_events)
+    results = [s.own_clock() for s in cloud.sessions]
+    return ManyResult(results, [s.start_s for s in cloud.sessions], cloud.passes, cloud.events)
+
+
+def _check_session(index: int, spec: EdgeSession) -> None:
+    if not isinstance(spec, EdgeSession):
+        raise TypeError(f"session {index} is a {type(spec).__name__}, not an EdgeSession")
+    if not isinstance(spec.link, Link):
+        raise TypeError(f"session {index}: link must be a wanspec Link")
+    if not spec.start_s >= 0:
+        raise ValueError(f"session {index}: start_s must be >= 0, got {spec.start_s!r}")
+    for name, machine in (("edge", spec.edge), ("cloud", spec.cloud)):
+        if not callable(getattr(machine, "handle", None)):
+            raise TypeError(f"session {index}: the {name} machine has no handle(event) method")
+
+
+__all__ = ["DEFAULT_MAX_BATCH_TOKENS", "BatchPass", "EdgeSession", "ManyResult", "simulate_many"]
