@@ -11,13 +11,14 @@ float32 logits tensor [rows, V]; a job that only rearranges the cache returns No
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import numpy as np
 import torch
 
+from wanspec.models.batched import batched_extend, can_batch
 from wanspec.models.lm import LanguageModel
 
 
@@ -133,6 +134,33 @@ def run_job(session: LanguageModel, job: Job) -> Any:
         rows = torch.from_numpy(np.asarray(job.rows, dtype=np.float32))
         return session.extend_embeddings(rows)[-1:].clone()  # type: ignore[attr-defined]
     raise TypeError(f"not a model job: {job!r}")
+
+
+def run_jobs_batched(work: Sequence[tuple[LanguageModel, Job]]) -> list[Any]:
+    """Carry out several sessions' jobs, each as `run_job(session, job)` would, in as few passes
+    as possible; the results in the order given.
+
+    The `Forward` jobs of distinct transformers sessions of one model run as ONE forward pass
+    (`wanspec.models.batched`); any other job, or a batch of one, runs alone through `run_job`.
+    The caller gives at most one job per session (a session's jobs must run in order). Bad input
+    (a `keep` beyond the cache, an id out of range) raises before any model work; if the batched
+    pass itself fails, every session is back where it was and the error propagates.
+    """
+    batch = [i for i, (_, job) in enumerate(work) if isinstance(job, Forward) and job.tokens]
+    if len(batch) < 2 or not can_batch([work[i][0] for i in batch]):
+        return [run_job(session, job) for session, job in work]
+    results: list[Any] = [None] * len(work)
+    for i, (session, job) in enumerate(work):
+        if i not in batch:
+            results[i] = run_job(session, job)
+    forwards: list[tuple[LanguageModel, Forward]] = [work[i] for i in batch]  # type: ignore[misc]
+    for session, job in forwards:
+        session._check_tokens(job.tokens, "tokens")
+        _roll_back(session, job.keep)
+    logits = batched_extend([s for s, _ in forwards], [job.tokens for _, job in forwards])
+    for i, (_, job), rows in zip(batch, forwards, logits, strict=True):
+        results[i] = rows[len(job.tokens) - job.rows :].clone()
+    return results
 
 
 def _roll_back(session: LanguageModel, keep: int) -> None:
