@@ -2,8 +2,10 @@
 
 The target is loaded once; every connection gets its own KV-cache session (`new_session()`,
 weights shared) and its own `CloudEndpoint`, which learns method, settings and seed from the
-edge's handshake. All sessions' model jobs go through ONE worker thread, in the order they are
-asked for, so sessions interleave job by job and never race on torch; everything else (sockets,
+edge's handshake. All sessions' model jobs go through ONE model thread that batches them: what
+is queued when the model frees up runs as one forward pass over the sessions' own caches
+(`wanspec.net.batching`; `max_batch_tokens=0`: one job at a time), so nothing races on torch;
+metrics go to `self.metrics` (`wanspec.net.metrics`). Everything else (sockets,
 codec, sampling and verification inside the machines) runs on the event loop.
 
 Admission, before any model work: past `max_sessions` a connection gets `Error(BUSY)`; a server
@@ -29,13 +31,12 @@ import ssl
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from wanspec import wire
-from wanspec.models.jobs import run_job
+from wanspec.net.batching import DEFAULT_MAX_BATCH_TOKENS, ModelBatcher
 from wanspec.net.client import prompt_encoder
 from wanspec.net.driver import (
     DriveResult,
@@ -47,6 +48,7 @@ from wanspec.net.driver import (
     receive,
 )
 from wanspec.net.framing import MessageStream
+from wanspec.net.metrics import ServerMetrics
 from wanspec.net.service import TcpService
 from wanspec.protocols.base import ErrorCode, ProtocolError
 from wanspec.protocols.endpoints import TargetInfo
@@ -136,6 +138,8 @@ class CloudServer(TcpService):
         tls: ssl.SSLContext | None = None,
         limits: ServerLimits | None = None,
         on_close: Callable[[SessionRecord], None] | None = None,
+        max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        metrics: ServerMetrics | None = None,
     ) -> None:
         super().__init__()
         self.target, self.info = target_lm, info
@@ -146,7 +150,12 @@ class CloudServer(TcpService):
         self.wire_limits = wire.Limits(max_frame=self.limits.max_frame).with_vocab(
             info.vocab.target_width
         )
-        self._model = ThreadPoolExecutor(1, thread_name_prefix="wanspec-target")
+        self.metrics = metrics or ServerMetrics()
+        self.metrics.track_sessions(lambda: self._admitted)
+        # every session's jobs on one model thread, batched across sessions (0: one by one)
+        self._model = ModelBatcher(
+            max_batch_tokens, waiters=2 * self.limits.max_sessions + 2, observer=self.metrics
+        )
         self._admitted = 0
         self._count = 0
         self._stopping = False
@@ -176,7 +185,7 @@ class CloudServer(TcpService):
         record = SessionRecord(self._count, f"{peer[0]}:{peer[1]}" if peer else "?")
         self._count += 1
         await self.serve_in_own_task(
-            self._serve(record, MessageStream(reader, writer, self.wire_limits))
+            self._serve(record, self.metrics.stream(reader, writer, self.wire_limits))
         )
 
     async def _serve(self, record: SessionRecord, stream: MessageStream) -> None:
@@ -244,7 +253,7 @@ class CloudServer(TcpService):
         return await drive(
             make_cloud(self.info),
             stream,
-            functools.partial(run_job, session),
+            self._model.runner(session),
             self._model,
             limits=DriverLimits(
                 idle_timeout_s=limits.idle_timeout_s,
@@ -296,6 +305,7 @@ class CloudServer(TcpService):
         if not stream.writer.is_closing():
             stream.writer.close()
         self.records.append(record)
+        self.metrics.session_closed(record.method, record.outcome)
         log.info(
             "session %d %s %s: %s after %.2f s, %d rounds, up %d B, down %d B",
             record.id,
