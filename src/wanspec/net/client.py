@@ -15,18 +15,24 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import os
+import secrets
 import ssl
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from wanspec import wire
 from wanspec.models.jobs import run_job
 from wanspec.net.driver import DriveResult, DriverLimits, SessionAborted, drive
 from wanspec.net.framing import ConnectionClosed, MessageStream, TrafficCounter, write_message
+from wanspec.net.resume import EdgeStream, RetryPolicy
 from wanspec.net.units import parse_address
 from wanspec.protocols.base import PROTOCOL_VERSION, ErrorCode
 from wanspec.protocols.endpoints import EdgeMachine
@@ -50,16 +56,26 @@ class RemoteError(RuntimeError):
             self.code = ErrorCode(code)
 
 
+class Unreachable(RemoteError):
+    """No connection to the server could be opened (refused, timed out, TLS not trusted)."""
+
+
 @dataclass(frozen=True)
 class ClientOptions:
     """How the edge reaches the server. `tls_ca` turns TLS on: a PEM file pins the CA the
     server's certificate must chain to, True verifies against the system's CAs. `token`
-    defaults to $WANSPEC_TOKEN. `timeout_s` bounds the whole request."""
+    defaults to $WANSPEC_TOKEN. `timeout_s` bounds the whole request. With `resume`, a session
+    survives dropped connections (`wanspec.net.resume`: reconnect by `retry`, replay what was
+    lost) and `generate_resumable` starts at most `max_restarts` fresh sessions that continue
+    from the committed tokens when the server no longer holds the session."""
 
     token: str | None = None
     tls_ca: str | Path | bool | None = None
     connect_timeout_s: float = 10.0
     timeout_s: float | None = 600.0
+    resume: bool = False
+    retry: RetryPolicy = field(default_factory=RetryPolicy)
+    max_restarts: int = 3
 
     @property
     def bearer(self) -> str | None:
@@ -85,13 +101,13 @@ async def open_stream(
         async with asyncio.timeout(options.connect_timeout_s):
             reader, writer = await opening
     except TimeoutError:
-        raise RemoteError(
+        raise Unreachable(
             f"no connection to {host}:{port} within {options.connect_timeout_s:g} s"
         ) from None
     except ssl.SSLCertVerificationError as exc:
-        raise RemoteError(f"TLS: the server at {host}:{port} is not trusted: {exc}") from exc
+        raise Unreachable(f"TLS: the server at {host}:{port} is not trusted: {exc}") from exc
     except OSError as exc:
-        raise RemoteError(f"cannot reach a wanspec server at {host}:{port}: {exc}") from exc
+        raise Unreachable(f"cannot reach a wanspec server at {host}:{port}: {exc}") from exc
     return MessageStream(reader, writer, limits)
 
 
@@ -134,12 +150,27 @@ class RemotePair:
     embed_model: Any = None
     draft_name: str = ""
     target_name: str = ""
+    target_suffix: tuple[int, ...] = ()  # committed ids a continuing session's prompts end with
+    draft_suffix: tuple[int, ...] = ()  # the same, in the draft's vocabulary
 
     def draft_encode(self, text: str) -> list[int]:
-        return prompt_encoder(self.draft.tokenizer)(text)
+        return [*prompt_encoder(self.draft.tokenizer)(text), *self.draft_suffix]
 
     def target_encode(self, text: str) -> list[int]:
-        return prompt_encoder(self.target_tokenizer)(text)
+        return [*prompt_encoder(self.target_tokenizer)(text), *self.target_suffix]
+
+    def continued(self, committed: Sequence[int]) -> RemotePair:
+        """This edge for a fresh session that continues after the `committed` target ids: each
+        prompt is followed by exactly those ids on the target's side (the server appends the
+        same ones, `wire.Resume.prefix`). The draft gets their re-tokenization, which changes
+        what it proposes, never what is accepted."""
+        ids = tuple(int(t) for t in committed)
+        if self.alignment.is_identity:
+            draft_ids = ids
+        else:
+            text = self.target_tokenizer.decode(list(ids))
+            draft_ids = tuple(self.draft.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return dataclasses.replace(self, target_suffix=ids, draft_suffix=draft_ids)
 
     def decode(self, ids: list[int]) -> str:
         return self.target_tokenizer.decode(ids, skip_special_tokens=True)
@@ -283,6 +314,58 @@ def edge_machine(
     return machine, model
 
 
+class Disconnected(RemoteError):
+    """A resumable session was lost for good (the server no longer holds it, or it could not be
+    reached again in time). What the part achieved: its edge machine (whose emitted tokens the
+    caller has seen), its traffic and its reconnections."""
+
+    def __init__(self, message: str, part: SessionPart) -> None:
+        super().__init__(message)
+        self.part = part
+
+
+@dataclass
+class SessionPart:
+    """One session of a request, complete or not: its machine, traffic and reconnections."""
+
+    edge: EdgeMachine
+    sent: TrafficCounter
+    received: TrafficCounter
+    reconnects: int = 0
+
+
+async def _open_resumable(
+    stream: MessageStream,
+    edge: RemotePair,
+    address: Address,
+    options: ClientOptions,
+    committed: Callable[[], int],
+) -> EdgeStream:
+    """Open a resumable session on `stream` (authenticated): a fresh random session id, and the
+    committed prefix when this session continues an earlier one."""
+
+    async def connect() -> MessageStream:
+        again = await open_stream(address, options, stream.limits)
+        try:
+            await authenticate(again, options)
+        except OSError:
+            again.writer.transport.abort()
+            raise
+        return channel.wrap(again.reader, again.writer)
+
+    channel = EdgeStream(
+        stream,
+        session=secrets.token_hex(16),
+        connect=connect,
+        committed=committed,
+        prefix=edge.target_suffix,
+        retry=options.retry,
+        reply_timeout_s=options.connect_timeout_s,
+    )
+    await write_message(stream.writer, channel.opening(), stream.limits)
+    return channel
+
+
 async def generate_async(
     edge: RemotePair,
     prompt: str,
@@ -290,9 +373,11 @@ async def generate_async(
     settings: GenerationSettings,
     server: str | Address,
     options: ClientOptions | None = None,
-    on_emit: Any = None,
+    on_emit: Callable[[tuple[int, ...]], None] | None = None,
 ) -> RemoteRun:
-    """One request against `server`; RemoteError if it does not complete."""
+    """One request against `server` in one session; RemoteError if it does not complete
+    (`Disconnected` when a resumable session was lost). `on_emit(tokens)` gets each batch of
+    committed tokens as the edge machine emits it."""
     options = options or ClientOptions()
     address = parse_address(server) if isinstance(server, str) else server
     machine, model = edge_machine(edge, prompt, method, settings)
@@ -300,28 +385,141 @@ async def generate_async(
     began = loop.time()
     limits = wire.DEFAULT_LIMITS.with_vocab(edge.alignment.target_width)
     stream = await open_stream(address, options, limits)
+    transport: MessageStream | EdgeStream = stream
     executor = ThreadPoolExecutor(1, thread_name_prefix="wanspec-edge")
+    committed = 0
+
+    def emitted(tokens: tuple[int, ...]) -> None:
+        nonlocal committed
+        committed += len(tokens)
+        if on_emit is not None:
+            on_emit(tokens)
+
     try:
         auth_bits = await authenticate(stream, options)
+        if options.resume:
+            transport = await _open_resumable(stream, edge, address, options, lambda: committed)
         connect_s = loop.time() - began
         session = model.new_session()
         result = await drive(
             machine,
-            stream,
+            transport,  # type: ignore[arg-type]  # an EdgeStream reads and writes like one
             functools.partial(run_job, session),
             executor,
             limits=DriverLimits(deadline_s=options.timeout_s, write_timeout_s=options.timeout_s),
-            on_emit=on_emit,
+            on_emit=emitted,
         )
     except (SessionAborted, OSError) as exc:
-        hint = "" if stream.received.messages else NO_ANSWER_HINT
         where = f"{address[0]}:{address[1]}"
+        if isinstance(transport, EdgeStream) and transport.lost is not None:
+            part = SessionPart(machine, stream.sent, stream.received, transport.reconnects)
+            raise Disconnected(f"the session with {where} is lost: {transport.lost}", part) from exc
+        hint = "" if stream.received.messages else NO_ANSWER_HINT
         raise RemoteError(f"the session with {where} broke off: {exc}{hint}") from exc
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
+        if isinstance(transport, EdgeStream):
+            transport.close()
+            await close_stream(transport.current)
         await close_stream(stream)
     _raise_on_error(result)
-    return RemoteRun(result, machine, stream.sent, stream.received, connect_s, auth_bits)
+    run = RemoteRun(result, machine, stream.sent, stream.received, connect_s, auth_bits)
+    if isinstance(transport, EdgeStream):
+        run.extra["reconnects"] = transport.reconnects
+    return run
+
+
+async def _with_retries(attempt: Callable[[], Any], retry: RetryPolicy) -> RemoteRun:
+    """`attempt()`, tried again after each delay of `retry` while the server is unreachable
+    (a link that just dropped may still be down when a fresh session starts)."""
+    for delay in retry.delays():
+        try:
+            return await attempt()
+        except Unreachable:
+            await asyncio.sleep(delay)
+    return await attempt()
+
+
+def continuation_seed(seed: int, position: int) -> int:
+    """The seed of a fresh session that continues a request at output `position`: a stream of
+    its own, independent of the one that drew the committed prefix (reusing `seed` would
+    replay the very draws that produced the prefix)."""
+    state = np.random.SeedSequence([seed, position]).generate_state(1, np.uint64)
+    return int(state[0]) >> 1  # within an int64, as settings require
+
+
+def continuation_settings(settings: GenerationSettings, committed: int) -> GenerationSettings:
+    """The settings of a fresh session that continues after `committed` output tokens."""
+    if committed == 0:
+        return settings
+    return dataclasses.replace(
+        settings,
+        max_new_tokens=settings.max_new_tokens - committed,
+        seed=continuation_seed(settings.seed, committed),
+    )
+
+
+@dataclass
+class ResumableRun:
+    """A request that survived dropped links: its committed tokens, and each session it took
+    (`parts`, the last one complete; earlier ones were lost and continued by a fresh session)."""
+
+    tokens: list[int]
+    parts: list[SessionPart]
+    final: RemoteRun
+
+    @property
+    def reconnects(self) -> int:
+        """Connections re-established within a session (plus the fresh sessions started)."""
+        return sum(part.reconnects for part in self.parts) + self.restarts
+
+    @property
+    def restarts(self) -> int:
+        """Fresh sessions started because the server no longer held the previous one."""
+        return len(self.parts) - 1
+
+
+async def generate_resumable(
+    edge: RemotePair,
+    prompt: str,
+    method: str,
+    settings: GenerationSettings,
+    server: str | Address,
+    options: ClientOptions | None = None,
+    on_emit: Callable[[tuple[int, ...]], None] | None = None,
+) -> ResumableRun:
+    """One request that survives dropped connections: each session resumes across reconnects,
+    and when the server has forgotten one (its grace period passed), a fresh session continues
+    from the committed tokens (`RemotePair.continued`, `continuation_settings`), at most
+    `options.max_restarts` times. The committed prefix is an exact sample, and the fresh
+    session draws the rest from the target's law given that prefix with randomness of its own,
+    so the output's law is unchanged; greedy output is the same token for token."""
+    options = dataclasses.replace(options or ClientOptions(), resume=True)
+    tokens: list[int] = []
+    parts: list[SessionPart] = []
+
+    def keep(batch: tuple[int, ...]) -> None:
+        tokens.extend(batch)
+        if on_emit is not None:
+            on_emit(batch)
+
+    for _ in range(options.max_restarts + 1):
+        part_edge = edge.continued(tokens) if tokens else edge
+        part_settings = continuation_settings(settings, len(tokens))
+        attempt = functools.partial(
+            generate_async, part_edge, prompt, method, part_settings, server, options, keep
+        )
+        try:
+            run = await (_with_retries(attempt, options.retry) if parts else attempt())
+        except Disconnected as lost:
+            parts.append(lost.part)
+            if len(tokens) >= settings.max_new_tokens:
+                raise RemoteError(f"the output was complete, its session lost: {lost}") from lost
+            continue
+        reconnects = int(run.extra.get("reconnects", 0))
+        parts.append(SessionPart(run.edge, run.sent, run.received, reconnects))
+        return ResumableRun(tokens, parts, run)
+    raise RemoteError(f"gave up after {options.max_restarts} fresh sessions")
 
 
 def _raise_on_error(result: DriveResult) -> None:

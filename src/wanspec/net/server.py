@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import functools
 import hmac
 import logging
@@ -49,6 +50,7 @@ from wanspec.net.driver import (
 )
 from wanspec.net.framing import MessageStream
 from wanspec.net.metrics import ServerMetrics
+from wanspec.net.resume import CloudStream, SessionLost
 from wanspec.net.service import TcpService
 from wanspec.protocols.base import ErrorCode, ProtocolError
 from wanspec.protocols.endpoints import TargetInfo
@@ -71,6 +73,8 @@ class ServerLimits:
     write_buffer_bytes: int = 64 << 10
     max_unanswered: int = 64  # edge messages in a row before the cloud answers one
     linger_s: float = 2.0  # after a session, read what the edge still sends (no RST on close)
+    resume_grace_s: float = 30.0  # a resumable session waits this long for a dropped edge
+    replay_messages: int = 64  # sent messages a resumable session keeps for a replay
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
@@ -95,6 +99,7 @@ class SessionRecord:
     up_bytes: int = 0
     down_bytes: int = 0
     peak_write_buffer: int = 0  # bytes the transport held for a slow reader, at most
+    resumable: str = ""  # the resumable session's id (its first 12 characters), if it is one
 
     def finished_with(self, result: DriveResult) -> None:
         self.outcome = result.finish_reason
@@ -158,6 +163,7 @@ class CloudServer(TcpService):
         )
         self._admitted = 0
         self._count = 0
+        self._resumable: dict[str, CloudStream] = {}  # open resumable sessions, by id
         self._stopping = False
 
     # ------------------------------------------------------------------ lifecycle
@@ -194,7 +200,7 @@ class CloudServer(TcpService):
         began, cpu = loop.time(), time.thread_time()
         admitted = False
         try:
-            if self._admitted >= self.limits.max_sessions:
+            if self._admitted >= self.limits.max_sessions + self._waiting:
                 raise Refusal(
                     ErrorCode.BUSY,
                     f"the server is busy ({self._admitted} sessions, its limit); try again later",
@@ -202,8 +208,15 @@ class CloudServer(TcpService):
             self._admitted += 1
             admitted = True
             first = await self._admit(stream)
-            record.finished_with(await self._run(record, stream, first))
-            await self._linger(stream)
+            head = first[0] if first else await receive(stream, self.limits.handshake_timeout_s)
+            if isinstance(head, wire.Resume) and head.session in self._resumable:
+                self._admitted -= 1
+                admitted = False
+                await self._attach(record, stream, head)
+                return
+            if self._admitted > self.limits.max_sessions:
+                raise Refusal(ErrorCode.BUSY, "the server is busy; try again later")
+            record.finished_with(await self._session(record, stream, head))
         except Refusal as refusal:
             record.outcome = f"refused: {refusal}"
             await self._tell(stream, refusal.code, str(refusal))
@@ -245,14 +258,76 @@ class CloudServer(TcpService):
             raise Refusal(ErrorCode.UNAUTHORIZED, "wrong bearer token")
         return ()
 
+    @property
+    def _waiting(self) -> int:
+        """Resumable sessions whose edge dropped and may come back."""
+        return sum(channel.detached for channel in self._resumable.values())
+
+    async def _session(
+        self, record: SessionRecord, stream: MessageStream, head: wire.Message
+    ) -> DriveResult:
+        """Run one session opened by `head`: a plain one, or a resumable one (`wire.Resume`,
+        whose connection may be replaced by the edge's later ones)."""
+        if not isinstance(head, wire.Resume):
+            result = await self._run(record, stream, (head,), self.info)
+            await self._linger(stream)
+            return result
+        if head.received:
+            raise Refusal(
+                ErrorCode.LIMIT,
+                f"no session {head.session[:12]} here (its grace period passed, or it ended)",
+            )
+        channel = CloudStream(
+            stream, grace_s=self.limits.resume_grace_s, keep=self.limits.replay_messages
+        )
+        self._resumable[head.session] = channel
+        record.resumable = head.session[:12]
+        try:
+            await stream.send(wire.Resumed(0))
+            result = await self._run(record, channel, (), self._continuing(head.prefix))
+            await self._linger(channel.current)
+            return result
+        finally:
+            del self._resumable[head.session]
+            channel.close()
+            if channel.current is not stream:
+                channel.current.writer.close()
+
+    def _continuing(self, prefix: tuple[int, ...]) -> TargetInfo:
+        """The target as a session that continues after `prefix` sees it: every prompt is
+        followed by those committed ids (exactly, never re-tokenized)."""
+        if not prefix:
+            return self.info
+        encode = self.info.encode
+        return dataclasses.replace(self.info, encode=lambda text: [*encode(text), *prefix])
+
+    async def _attach(
+        self, record: SessionRecord, stream: MessageStream, resume: wire.Resume
+    ) -> None:
+        """The edge of a resumable session is back on this connection: hand it to the session
+        and serve it until the session ends or the edge reconnects again."""
+        channel = self._resumable[resume.session]
+        record.resumable = resume.session[:12]
+        record.method = f"resume at {resume.committed} tokens"
+        try:
+            await channel.attach(channel.wrap(stream.reader, stream.writer), resume.received)
+        except SessionLost as lost:
+            raise Refusal(ErrorCode.LIMIT, str(lost)) from None
+        await channel.released()
+        record.outcome = "resumed"
+
     async def _run(
-        self, record: SessionRecord, stream: MessageStream, first: tuple[wire.Message, ...]
+        self,
+        record: SessionRecord,
+        stream: MessageStream | CloudStream,
+        first: tuple[wire.Message, ...],
+        info: TargetInfo,
     ) -> DriveResult:
         limits = self.limits
         session = self.target.new_session()
         return await drive(
-            make_cloud(self.info),
-            stream,
+            make_cloud(info),
+            stream,  # type: ignore[arg-type]  # a CloudStream reads and writes like one
             self._model.runner(session),
             self._model,
             limits=DriverLimits(

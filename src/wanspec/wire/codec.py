@@ -18,6 +18,7 @@ from wanspec.wire._bytes import Reader, Writer, unzigzag, varint_size, varint_si
 from wanspec.wire.errors import FrameTooLarge, WireError
 from wanspec.wire.messages import (
     DEFAULT_LIMITS,
+    MAX_RESUME_PREFIX,
     PROB_SCALE,
     Auth,
     Candidates,
@@ -35,6 +36,8 @@ from wanspec.wire.messages import (
     OToken,
     ResampleKind,
     ResampleRequest,
+    Resume,
+    Resumed,
     StartRequest,
     Tokens,
     VerifyResult,
@@ -208,6 +211,28 @@ def _enc_auth(w: Writer, m: Auth) -> None:
 
 def _dec_auth(r: Reader, limits: Limits) -> Auth:
     return Auth(r.string("token", limits.max_string))
+
+
+def _enc_resume(w: Writer, m: Resume) -> None:
+    w.string(m.session)
+    for value in (m.received, m.committed, len(m.prefix)):
+        w.varint(value)
+    _put_ids(w, m.prefix)
+
+
+def _dec_resume(r: Reader, limits: Limits) -> Resume:
+    session = r.string("session", limits.max_string)
+    received, committed = r.varint("received", U63), r.varint("committed", U63)
+    n = r.count("prefix length", MAX_RESUME_PREFIX, 1)
+    return Resume(session, received, committed, _get_ids(r, n, "prefix", limits))
+
+
+def _enc_resumed(w: Writer, m: Resumed) -> None:
+    w.varint(m.received)
+
+
+def _dec_resumed(r: Reader, limits: Limits) -> Resumed:
+    return Resumed(r.varint("received", U63))
 
 
 def _enc_start(w: Writer, m: StartRequest) -> None:
@@ -447,6 +472,8 @@ _TYPES: dict[int, tuple[type, Encoder, Decoder]] = {
     4: (Close, _enc_close, _dec_close),
     5: (StartRequest, _enc_start, _dec_start),
     6: (Auth, _enc_auth, _dec_auth),
+    7: (Resume, _enc_resume, _dec_resume),
+    8: (Resumed, _enc_resumed, _dec_resumed),
     16: (Draft, _enc_draft, _dec_draft),
     17: (DraftWithDists, _enc_draft_dists, _dec_draft_dists),
     18: (HiddenStates, _enc_hidden, _dec_hidden),

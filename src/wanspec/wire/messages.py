@@ -233,6 +233,42 @@ class Auth:
     token: str
 
 
+# Committed ids a restarted session's `Resume` may carry (its whole output so far).
+MAX_RESUME_PREFIX = 1 << 20
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Edge → cloud, before `Hello` (after `Auth`), only from an edge that wants its session to
+    survive a dropped connection. Transport business, like `Auth`: the machines never see it.
+    `session` is a random id the edge chose; `received` the protocol messages it has received in
+    this session so far (the cloud resends the rest), `committed` its output tokens so far.
+    A session's first connection sends received = 0 and, when it continues an earlier session
+    whose grace period passed, `prefix`: the committed ids the target must condition on after
+    the prompt. Answered by `Resumed`, or an `Error` when the session is gone."""
+
+    session: str
+    received: int = 0
+    committed: int = 0
+    prefix: tuple[int, ...] = ()
+
+    def __post_init__(self) -> None:
+        _set(self, "received", _index(self.received, "received"))
+        _set(self, "committed", _index(self.committed, "committed"))
+        _set(self, "prefix", _ints(self.prefix, "prefix"))
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """Cloud → edge, the answer to `Resume`: the protocol messages the cloud has received in
+    this session (the edge resends the rest)."""
+
+    received: int
+
+    def __post_init__(self) -> None:
+        _set(self, "received", _index(self.received, "received"))
+
+
 # ----------------------------------------------------------------------------- uplink
 @dataclass(frozen=True)
 class Draft:
@@ -435,6 +471,8 @@ Message = (
     | Close
     | StartRequest
     | Auth
+    | Resume
+    | Resumed
     | Draft
     | DraftWithDists
     | HiddenStates

@@ -11,6 +11,7 @@ import numpy as np
 from wanspec.wire.errors import WireError
 from wanspec.wire.messages import (
     DEFAULT_LIMITS,
+    MAX_RESUME_PREFIX,
     PROB_SCALE,
     Auth,
     Candidates,
@@ -26,6 +27,8 @@ from wanspec.wire.messages import (
     Limits,
     OToken,
     ResampleRequest,
+    Resume,
+    Resumed,
     StartRequest,
     Tokens,
     VerifyResult,
@@ -169,6 +172,17 @@ def _auth(m: Auth, limits: Limits) -> None:
     check_string(m.token, "token", limits)
 
 
+def _resume(m: Resume, limits: Limits) -> None:
+    check_string(m.session, "session", limits, nonempty=True)
+    check_uint(m.received, "received")
+    check_uint(m.committed, "committed")
+    check_ids(m.prefix, "prefix", limits, MAX_RESUME_PREFIX)
+
+
+def _resumed(m: Resumed, limits: Limits) -> None:
+    check_uint(m.received, "received")
+
+
 def _draft_common(m: Draft | DraftWithDists, limits: Limits, n_verified: int) -> None:
     check_uint(m.round, "round")
     check_uint(m.base, "base")
@@ -260,6 +274,8 @@ _CHECKS: dict[type, Callable[[Any, Limits], None]] = {
     Close: _close,
     StartRequest: _start,
     Auth: _auth,
+    Resume: _resume,
+    Resumed: _resumed,
     Draft: _draft,
     DraftWithDists: _draft_dists,
     HiddenStates: _hidden,
