@@ -1,0 +1,265 @@
+"""Many edges sharing one batching cloud on the simulator (`wanspec.sim.simulate_many`), its
+batched-pass pricing, and `wanspec bench capacity` (synthetic pair: each run takes milliseconds)."""
+
+from __future__ import annotations
+
+import csv
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from wanspec.bench.capacity import capacity
+from wanspec.cli import main
+from wanspec.models.jobs import ComputeCost, session_executor
+from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
+from wanspec.models.tiny import build_tokenizer
+from wanspec.protocols.registry import build_machines
+from wanspec.protocols.settings import GenerationSettings
+from wanspec.sim import (
+    EdgeSession,
+    Link,
+    ManyResult,
+    SimResult,
+    load_profile,
+    simulate,
+    simulate_many,
+)
+from wanspec.vocab import VocabAlignment
+
+# a cloud whose passes grow with their tokens (so batching has a price) and a context term
+CLOUD = load_profile(
+    {
+        "name": "cloud",
+        "forward_ms": {"1": 30.0, "8": 32.0, "64": 60.0},
+        "context_ms_per_token": 0.01,
+        "batch_session_ms": 0.5,
+    }
+)
+EDGE = load_profile({"name": "edge", "forward_ms": {"1": 4.0, "64": 9.0}})
+FAST = Link(bandwidth_bps=100e6, rtt_s=0.05)
+
+
+@pytest.fixture(scope="module")
+def pair() -> tuple[VocabAlignment, SyntheticLM, SyntheticLM]:
+    alignment = VocabAlignment.identity(build_tokenizer("bytelevel", 300))
+    spec = SyntheticSpec(0.7, vocab_size=alignment.target_width, seed=5)
+    return alignment, SyntheticLM(spec, "draft"), SyntheticLM(spec, "target")
+
+
+def _session(
+    pair, i: int, *, method: str = "cosd", link: Link = FAST, start: float = 0.0, tokens: int = 32
+) -> EdgeSession:
+    """Edge i's request: its own prompt ids and seed, its own model sessions."""
+    alignment, draft, target = pair
+    edge, cloud = build_machines(
+        method,
+        draft_lm=draft,
+        target_lm=target,
+        alignment=alignment,
+        draft_encode=lambda _: [7, 8, 9 + i],
+        target_encode=lambda _: [7, 8, 9 + i],
+        target_decode=lambda ids: "",
+        prompt="",
+        settings=GenerationSettings(gamma=4, max_new_tokens=tokens, seed=i, temperature=1.0),
+    )
+    executors = (session_executor(draft), session_executor(target))
+    return EdgeSession(edge, cloud, link, *executors, EDGE, start)
+
+
+def _alone(spec: EdgeSession) -> SimResult:
+    """The same request on `simulate`, the single-request driver."""
+    return simulate(
+        spec.edge,
+        spec.cloud,
+        spec.link,
+        spec.edge_profile,
+        CLOUD,
+        edge_executor=spec.edge_executor,
+        cloud_executor=spec.cloud_executor,
+    )
+
+
+def _batched(run: ManyResult) -> int:
+    return max(len(p.sessions) for p in run.passes)
+
+
+# ============================================================================ exactness
+
+
+MIXED = [  # (method, link, start): different methods, links and arrival times on one cloud
+    ("cosd", FAST, 0.0),
+    ("sd", Link(bandwidth_bps=1e6, rtt_s=0.02, jitter_s=0.004, seed=1), 0.01),
+    ("ar", Link(bandwidth_bps=1e7, rtt_s=0.1, seed=2), 0.0),
+    ("picospec", Link(bandwidth_bps=5e5, rtt_s=0.05, loss=0.1, seed=3), 0.03),
+    ("cosd", Link(bandwidth_bps=2e5, rtt_s=0.15, jitter_s=0.01, seed=4), 0.05),
+    ("acespec", FAST, 0.0),
+]
+
+
+def test_every_session_gets_the_tokens_it_gets_alone(pair) -> None:
+    run = simulate_many(
+        [_session(pair, i, method=m, link=k, start=t) for i, (m, k, t) in enumerate(MIXED)], CLOUD
+    )
+    assert _batched(run) >= 3  # the sessions did share passes
+    for i, (method, link, _) in enumerate(MIXED):
+        alone = _alone(_session(pair, i, method=method, link=link))
+        shared = run.sessions[i]
+        assert shared.finish_reason == alone.finish_reason == "length"
+        assert shared.tokens == alone.tokens, (i, method)
+        assert shared.bits == alone.bits  # the same messages crossed each link
+
+
+def test_one_session_times_exactly_as_the_single_request_driver(pair) -> None:
+    link = Link(bandwidth_bps=3e5, rtt_s=0.07, jitter_s=0.01, loss=0.05, seed=9)
+    for method in ("cosd", "picospec"):
+        alone = _alone(_session(pair, 3, method=method, link=link))
+        for start in (0.0, 0.75):  # a later start: the same run on its own clock
+            spec = _session(pair, 3, method=method, link=link, start=start)
+            (shared,) = simulate_many([spec], CLOUD).sessions
+            assert shared.duration_s == pytest.approx(alone.duration_s, abs=1e-9)
+            assert [e.token_ids for e in shared.emits] == [e.token_ids for e in alone.emits]
+            times = [e.t for e in shared.emits]
+            assert times == pytest.approx([e.t for e in alone.emits], abs=1e-9)
+            for name in ("bits", "compute_by_tag", "computes", "retransmissions"):
+                assert getattr(shared, name) == getattr(alone, name), (method, name)
+            assert shared.compute_busy_s == pytest.approx(alone.compute_busy_s)
+
+
+def test_sessions_that_never_overlap_each_time_as_alone(pair) -> None:
+    alone = _alone(_session(pair, 0))
+    later = alone.duration_s + 1.0  # the second starts after the first has finished
+    run = simulate_many([_session(pair, 0), _session(pair, 1, start=later)], CLOUD)
+    assert _batched(run) == 1
+    assert run.sessions[0].duration_s == pytest.approx(alone.duration_s, abs=1e-9)
+    assert run.sessions[1].duration_s == pytest.approx(_alone(_session(pair, 1)).duration_s)
+
+
+# ============================================================================ batched pricing
+
+
+def test_batch_price_of_one_job_is_its_price_and_of_several_is_one_pass() -> None:
+    jobs = [ComputeCost("forward", n=5, context=40), ComputeCost("forward", n=9, context=100)]
+    assert CLOUD.batch_seconds(jobs[:1]) == CLOUD.seconds(jobs[0])
+    # one pass over 14 tokens, both contexts, one further session
+    expected_ms = CLOUD.forward(14) + 0.01 * 140 + 0.5
+    assert CLOUD.batch_seconds(jobs) == pytest.approx(expected_ms / 1000)
+    assert CLOUD.batch_seconds(jobs) < sum(CLOUD.seconds(c) for c in jobs)
+    with pytest.raises(ValueError, match="at least one job"):
+        CLOUD.batch_seconds([])
+    with pytest.raises(ValueError, match="2 passes"):
+        CLOUD.batch_seconds([*jobs, ComputeCost("forward", n=1, passes=2)])
+
+
+def test_shared_cloud_is_busy_less_than_the_sum_of_singles_and_at_least_the_largest(pair) -> None:
+    specs = [_session(pair, i, start=0.002 * i) for i in range(5)]
+    run = simulate_many(specs, CLOUD)
+    singles = [_alone(_session(pair, i)).compute_busy_s["cloud"] for i in range(5)]
+    assert _batched(run) >= 4
+    assert max(singles) <= run.cloud_busy_s < 0.8 * sum(singles)
+
+
+def test_shipped_a100_profiles_price_a_batch_below_its_jobs_one_by_one() -> None:
+    verify = ComputeCost("forward", n=5, context=300)
+    for name in ("cloud-a100-8b", "cloud-a100-32b", "cloud-a100x4-70b"):
+        profile = load_profile(name)
+        one, batch = profile.seconds(verify), profile.batch_seconds([verify] * 16)
+        assert profile.batch_session_ms > 0, name
+        assert one < batch < 16 * one / 4, name  # more than one pass, far less than sixteen
+
+
+def test_the_token_cap_splits_a_batch_and_keeps_the_tokens(pair) -> None:
+    uncapped = simulate_many([_session(pair, i) for i in range(4)], CLOUD)
+    assert max(p.tokens for p in uncapped.passes) > 12
+    run = simulate_many([_session(pair, i) for i in range(4)], CLOUD, max_batch_tokens=12)
+    assert all(p.tokens <= 12 or len(p.sessions) == 1 for p in run.passes)
+    assert _batched(run) > 1
+    for i in range(4):
+        assert run.sessions[i].tokens == _alone(_session(pair, i)).tokens
+
+
+# ============================================================================ a slow edge
+
+
+def test_a_slow_edge_delays_the_others_by_at_most_one_pass(pair) -> None:
+    slow = Link(bandwidth_bps=10e3, rtt_s=0.05, seed=11)
+    mixed = simulate_many(
+        [_session(pair, 0, link=slow), *[_session(pair, i) for i in (1, 2, 3, 4)]], CLOUD
+    )
+    fast = simulate_many([_session(pair, i) for i in range(5)], CLOUD)
+    assert mixed.sessions[0].duration_s > 1.3 * fast.sessions[0].duration_s  # it is slow
+    longest = max(p.seconds for p in mixed.passes)
+    for p in mixed.passes:
+        for i, wait in zip(p.sessions, p.waits, strict=True):
+            if i != 0:
+                assert wait <= longest + 1e-9, (i, wait, longest)
+    for i in (1, 2, 3, 4):
+        rounds = mixed.sessions[i].computes["cloud"]
+        slack = rounds * longest
+        assert mixed.sessions[i].duration_s <= fast.sessions[i].duration_s + slack
+
+
+# ============================================================================ errors
+
+
+def test_bad_input_gets_a_clear_error(pair) -> None:
+    with pytest.raises(ValueError, match="at least one session"):
+        simulate_many([], CLOUD)
+    with pytest.raises(ValueError, match="table profile"):
+        simulate_many([_session(pair, 0), _session(pair, 1)], "measured")
+    with pytest.raises(ValueError, match="max_batch_tokens"):
+        simulate_many([_session(pair, 0)], CLOUD, max_batch_tokens=0)
+    with pytest.raises(ValueError, match="start_s"):
+        simulate_many([replace(_session(pair, 0), start_s=-1.0)], CLOUD)
+    with pytest.raises(TypeError, match="EdgeSession"):
+        simulate_many([object()], CLOUD)  # type: ignore[list-item]
+
+
+# ============================================================================ the bench
+
+
+def test_capacity_is_the_last_n_before_the_first_drop() -> None:
+    def rows(within: list[bool]) -> list[dict]:
+        key = {"cloud": "c", "edge": "e", "RTT ms": 50.0}
+        shared = [{**key, "edges": 2**i, "within 20%": w} for i, w in enumerate(within)]
+        return [{**key, "edges": "alone"}, *reversed(shared)]
+
+    assert capacity(rows([True, True, False, True])) == {("c", "e", 50.0): (2, False)}
+    assert capacity(rows([True, True, True])) == {("c", "e", 50.0): (4, True)}
+    assert capacity(rows([False, True])) == {("c", "e", 50.0): (0, False)}
+
+
+def test_capacity_bench_tiny_agrees_with_its_own_table(tmp_path: Path) -> None:
+    args = ["bench", "capacity", "--config", "tiny", "--out", str(tmp_path), "--no-progress"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output + repr(result.exception)
+    with open(tmp_path / "capacity" / "results.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    alone = next(r for r in rows if r["edges"] == "alone")
+    shared = sorted((r for r in rows if r["edges"] != "alone"), key=lambda r: int(r["edges"]))
+    assert [int(r["edges"]) for r in shared] == [1, 2, 4]
+    one = shared[0]  # one edge on the shared cloud is exactly that edge alone
+    assert float(one["vs alone"]) == pytest.approx(1.0, abs=1e-12)
+    assert float(one["vs 1 edge"]) == 1.0
+    assert float(one["total tok/s"]) == pytest.approx(float(one["per-edge tok/s"]))
+    assert float(alone["per-edge tok/s"]) > 0
+    for r in shared:
+        assert (r["within 20%"] == "True") == (float(r["vs alone"]) >= 0.8)
+        assert float(r["worst edge vs alone"]) <= float(r["vs alone"]) + 1e-12
+        assert 0 < float(r["cloud busy"]) <= 1
+    assert float(shared[-1]["total tok/s"]) > float(shared[0]["total tok/s"])
+    # the summary's count: every N up to it within 20%, the next one (if any) not
+    summary = (tmp_path / "capacity" / "summary.md").read_text()
+    match = re.search(r"\| 50 \| (≥ )?(\d+) \|", summary)
+    assert match, summary
+    n = int(match.group(2))
+    within = [r["within 20%"] == "True" for r in shared]
+    edges = [int(r["edges"]) for r in shared]
+    assert all(within[: edges.index(n) + 1])
+    assert bool(match.group(1)) == all(within)
+    if not all(within):
+        assert not within[edges.index(n) + 1]
+    assert math.isfinite(float(shared[-1]["max wait ms"]))
