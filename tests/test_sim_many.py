@@ -13,6 +13,9 @@ import pytest
 from click.testing import CliRunner
 
 from wanspec.bench.capacity import capacity
+from wanspec.bench.config import CONFIGS, TINY_SHARED_PAIR
+from wanspec.bench.context import Context
+from wanspec.bench.experiments import EXPERIMENTS
 from wanspec.cli import main
 from wanspec.models.jobs import ComputeCost, session_executor
 from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
@@ -138,6 +141,36 @@ def test_sessions_that_never_overlap_each_time_as_alone(pair) -> None:
     assert run.sessions[1].duration_s == pytest.approx(_alone(_session(pair, 1)).duration_s)
 
 
+def test_real_tiny_models_on_one_cloud_give_each_session_its_alone_tokens(tiny_pair_shared):
+    import wanspec
+
+    draft_dir, target_dir = tiny_pair_shared
+    real = wanspec.load_pair(target_dir, draft_dir, threads=1)
+    prompts = ["The cloud verifies", "An edge drafts a few", "Many edges, one"]
+
+    def session(i: int, method: str) -> EdgeSession:
+        edge, cloud = build_machines(
+            method,
+            draft_lm=real.draft,
+            target_lm=real.target,
+            alignment=real.alignment,
+            draft_encode=real.draft_encode,
+            target_encode=real.target_encode,
+            target_decode=real.decode,
+            prompt=prompts[i],
+            settings=GenerationSettings(gamma=3, max_new_tokens=10, seed=i, temperature=1.0),
+        )
+        executors = (session_executor(real.draft), session_executor(real.target))
+        return EdgeSession(edge, cloud, FAST, *executors, EDGE, 0.001 * i)
+
+    methods = ["cosd", "picospec", "ar"]
+    run = simulate_many([session(i, m) for i, m in enumerate(methods)], CLOUD)
+    assert _batched(run) >= 2
+    for i, method in enumerate(methods):
+        alone = _alone(session(i, method))
+        assert run.sessions[i].tokens == alone.tokens and len(alone.tokens) == 10, method
+
+
 # ============================================================================ batched pricing
 
 
@@ -230,6 +263,22 @@ def test_capacity_is_the_last_n_before_the_first_drop() -> None:
     assert capacity(rows([True, True, False, True])) == {("c", "e", 50.0): (2, False)}
     assert capacity(rows([True, True, True])) == {("c", "e", 50.0): (4, True)}
     assert capacity(rows([False, True])) == {("c", "e", 50.0): (0, False)}
+
+
+def test_capacity_real_runs_real_models_and_one_edge_matches_it_alone(tiny_pair_shared) -> None:
+    import wanspec
+
+    draft_dir, target_dir = tiny_pair_shared
+    real = wanspec.load_pair(target_dir, draft_dir, threads=1)
+    ctx = Context(pairs={TINY_SHARED_PAIR: real})
+    experiment = EXPERIMENTS["capacity-real"]
+    cells = experiment.cells(CONFIGS["tiny"], ctx)
+    lines = [{"settings": c.settings, "result": experiment.run_cell(c, ctx)} for c in cells]
+    rows = experiment.table(lines)
+    assert [r["edges"] for r in rows] == ["alone", 1, 2]
+    assert all(tuple(c.settings["pair"]) == TINY_SHARED_PAIR for c in cells)
+    assert rows[1]["vs alone"] == pytest.approx(1.0, abs=1e-12)
+    assert rows[1]["per-edge tok/s"] > 0 and rows[2]["total tok/s"] > rows[1]["total tok/s"]
 
 
 def test_capacity_bench_tiny_agrees_with_its_own_table(tmp_path: Path) -> None:

@@ -22,14 +22,15 @@ largest N of the sweep before the first N that does not.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from wanspec.bench.config import Config
+from wanspec.bench.acespec import REAL_SHARED
+from wanspec.bench.config import TINY_SHARED_PAIR, Config
 from wanspec.bench.context import Context
 from wanspec.bench.experiments import EXPERIMENTS, Experiment, Line, Row, synthetic_pair
 from wanspec.bench.runner import Cell
@@ -62,6 +63,7 @@ class CapacitySetup:
     dataset: str = "mini-math"
 
 
+CellsFn = Callable[[Config, Context], list[Cell]]
 SETUPS: dict[str, CapacitySetup] = {
     "tiny": CapacitySetup(
         clouds=PAPER_CLOUDS[:1], rtts_s=(0.05,), edges=(1, 2, 4), max_new_tokens=24
@@ -75,18 +77,41 @@ SETUPS: dict[str, CapacitySetup] = {
 }
 
 
+# real models decide the tokens (`capacity-real`): AceSpec's Qwen pair, shared vocabulary
+REAL_SETUPS: dict[str, CapacitySetup] = {
+    "tiny": replace(SETUPS["tiny"], pair=TINY_SHARED_PAIR, edges=(1, 2), max_new_tokens=12),
+    "quick": CapacitySetup(
+        clouds=PAPER_CLOUDS[1:2],
+        rtts_s=(0.05, 0.15),
+        edges=(1, 2, 4, 8),
+        max_new_tokens=32,
+        pair=REAL_SHARED,
+        dataset="gsm8k",
+    ),
+    "full": replace(SETUPS["full"], clouds=PAPER_CLOUDS[1:], pair=REAL_SHARED, dataset="gsm8k"),
+}
+
+
 # ============================================================================ cells
 
 
-def _cells(config: Config, ctx: Context) -> list[Cell]:
-    if config.name not in SETUPS:
-        raise ValueError(f"capacity has no setup {config.name!r}; known: {', '.join(SETUPS)}")
-    setup = SETUPS[config.name]
+def _cells_of(name: str, setups: dict[str, CapacitySetup]) -> CellsFn:
+    """The cell list of experiment `name`, whose configuration sizes are `setups`."""
+
+    def cells(config: Config, ctx: Context) -> list[Cell]:
+        if config.name not in setups:
+            raise ValueError(f"{name} has no setup {config.name!r}; known: {', '.join(setups)}")
+        return _cells(name, setups[config.name], config.seed, ctx)
+
+    return cells
+
+
+def _cells(name: str, setup: CapacitySetup, seed: int, ctx: Context) -> list[Cell]:
     prompts = ctx.prompts(setup.dataset, max(setup.edges))
     common = {
         **asdict(setup),
-        "experiment": "capacity",
-        "seed": config.seed,
+        "experiment": name,
+        "seed": seed,
         "dataset": {"name": prompts.name, "n": len(prompts.records), "digest": prompts.digest},
     }
     for key in ("clouds", "rtts_s", "edges"):
@@ -295,21 +320,34 @@ def _plot(rows: list[Row], folder: Path) -> list[Path]:
         facet="cloud",
         xlabel="edges sharing the cloud",
     )
-    return plots.save(fig, folder, "capacity")
+    return plots.save(fig, folder, folder.name)
 
 
-EXPERIMENTS["capacity"] = Experiment(
-    "capacity",
-    "Edges per cloud accelerator: batched verification on the simulator",
+ABOUT = (
     "N edges, each with its own 100 Mbit/s link and request, share one cloud that batches "
     "their jobs continuously (one pass over every queued job, priced T(tokens, sessions) by the "
     "cloud profile). Per-edge tokens/s (mean of each edge's rate), against the same requests "
     "alone (*vs alone*) and against 1 edge; total tokens/s = every token over first start to "
-    "last finish; *cloud busy* = share of that span in passes. The synthetic pair (i.i.d. "
-    "acceptance α = 0.8) decides the tokens; the profiles price the compute.",
-    _cells,
-    _run_cell,
-    _table,
-    _plot,
-    _summary,
+    "last finish; *cloud busy* = share of that span in passes. {tokens}; the profiles price "
+    "the compute."
 )
+for _name, _setups, _tokens in (
+    ("capacity", SETUPS, "The synthetic pair (i.i.d. acceptance α = 0.8) decides the tokens"),
+    (
+        "capacity-real",
+        REAL_SETUPS,
+        "Real models decide the tokens (tiny: the tiny shared pair; "
+        "quick, full: Qwen2.5-Coder 0.5B → 1.5B on GSM8K prompts)",
+    ),
+):
+    EXPERIMENTS[_name] = Experiment(
+        _name,
+        "Edges per cloud accelerator: batched verification on the simulator"
+        + (" (real models)" if _setups is REAL_SETUPS else ""),
+        ABOUT.format(tokens=_tokens),
+        _cells_of(_name, _setups),
+        _run_cell,
+        _table,
+        _plot,
+        _summary,
+    )
