@@ -501,7 +501,30 @@ def _default_draft_tokenizers(target: str) -> tuple[str, ...]:
     show_default=True,
     help="How long one session may last.",
 )
+@click.option(
+    "--resume-grace",
+    "resume_grace_s",
+    callback=_parsed("duration"),
+    default="30s",
+    show_default=True,
+    help="How long a resumable session whose edge dropped waits for it to reconnect.",
+)
 @click.option("--threads", type=click.IntRange(1), default=None, help="Torch threads [2].")
+@click.option(
+    "--max-batch-tokens",
+    type=click.IntRange(0),
+    default=256,
+    show_default=True,
+    help="Verify the sessions' queued drafts as one forward pass of at most this many (padded) "
+    "tokens; 0 = one job at a time.",
+)
+@click.option("--no-batching", is_flag=True, help="Same as --max-batch-tokens 0.")
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(0, 65535),
+    default=None,
+    help="Serve Prometheus metrics at http://HOST:PORT/metrics (HOST as --host).",
+)
 def serve(
     target: str,
     draft_tokenizers: tuple[str, ...],
@@ -513,6 +536,9 @@ def serve(
     threads: int | None,
     idle_timeout: float,
     request_timeout: float,
+    max_batch_tokens: int,
+    no_batching: bool,
+    metrics_port: int | None,
     **limits: Any,
 ) -> None:
     """Serve a target model to edges over TCP; Ctrl-C ends open sessions with 'shutdown'."""
@@ -536,7 +562,10 @@ def serve(
         limits["idle_timeout_s"], limits["request_timeout_s"] = idle_timeout, request_timeout
         rules = ServerLimits(**limits)
         address = {"host": host, "port": port}
-        server = CloudServer(target_lm, info, **address, token=token, tls=tls, limits=rules)
+        batching = {"max_batch_tokens": 0 if no_batching else max_batch_tokens}
+        server = CloudServer(
+            target_lm, info, **address, token=token, tls=tls, limits=rules, **batching
+        )
     except _user_errors() as err:
         raise click.ClickException(str(err)) from err
 
@@ -546,6 +575,11 @@ def serve(
         accepted = ", ".join(("the target's", *drafts))
         click.echo(f"serving {target} on {where} ({security or 'no TLS, no token'})")
         click.echo(f"  draft tokenizers: {accepted}; Ctrl-C stops")
+        limit = batching["max_batch_tokens"]
+        click.echo(f"  batching: {f'up to {limit} tokens per pass' if limit else 'off'}")
+        if metrics_port is not None:
+            bound = s.metrics.serve_http(metrics_port, host)
+            click.echo(f"  metrics: http://{host}:{bound}/metrics")
 
     try:
         asyncio.run(serve_until_signalled(server, ready))
@@ -553,15 +587,18 @@ def serve(
         raise click.ClickException(f"cannot listen on {host}:{port}: {err}") from err
     except KeyboardInterrupt:
         pass
+    server.metrics.stop_http()
     click.echo("server stopped")
 
 
 def _attach_optional_groups() -> None:
     from wanspec.bench.cli import bench
+    from wanspec.edge_service.cli import edge
     from wanspec.models.cli import models
 
     main.add_command(models)
     main.add_command(bench)
+    main.add_command(edge)
 
 
 _attach_optional_groups()
