@@ -11,16 +11,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 import wanspec
+from cuttable import CuttableLink, cuttable_link
 from wanspec import wire
-from wanspec.net import DirectionSpec
-from wanspec.net.background import BackgroundLoop
 from wanspec.net.client import (
     ClientOptions,
     RemotePair,
@@ -29,15 +27,12 @@ from wanspec.net.client import (
     continuation_settings,
     generate_resumable,
 )
-from wanspec.net.proxy import WanProxy
 from wanspec.net.resume import ReplayLog, RetryPolicy, SessionLost
-from wanspec.net.server import CloudServer, ServerLimits
 from wanspec.protocols.settings import GenerationSettings
 
 PROMPT = "hello world"
 NEW = 16
 DROP_AFTER = 5  # committed tokens before the link drops
-WAN = DirectionSpec(rate_bps=10e6, delay_s=0.01)
 FAST_RETRY = RetryPolicy(attempts=12, first_delay_s=0.05, max_delay_s=0.4)
 OPTIONS = ClientOptions(timeout_s=20.0, retry=FAST_RETRY)
 
@@ -86,64 +81,28 @@ def test_a_continuation_draws_from_a_stream_of_its_own_and_asks_for_the_rest() -
 
 
 # ----------------------------------------------------------------------------- over TCP
-@dataclass
-class Link:
-    """A server behind a WAN proxy that a test can cut and restore on the same port."""
-
-    server: CloudServer
-    wan: BackgroundLoop
-    proxy: WanProxy
-    port: int
-    drops: list[int] = field(default_factory=list)
-
-    @property
-    def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def cut(self) -> None:
-        self.wan.run(self.proxy.stop(), 10)
-
-    async def restore_after(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-        self.proxy = WanProxy(("127.0.0.1", self.port), self.server.address, WAN, WAN)
-        await asyncio.to_thread(self.wan.run, self.proxy.start(), 10)
-
-
 @pytest.fixture(scope="module")
 def pair(tiny_pair_hetero: tuple[Path, Path]) -> wanspec.Pair:
     draft, target = tiny_pair_hetero
     return wanspec.load_pair(target=target, draft=draft, threads=1)
 
 
-def _link(pair: wanspec.Pair, grace_s: float) -> Iterator[Link]:
-    limits = ServerLimits(resume_grace_s=grace_s)
-    with BackgroundLoop("cloud") as cloud, BackgroundLoop("wan") as wan:
-        server = CloudServer(pair.target, pair.cloud_info, port=0, limits=limits)
-        cloud.run(server.start())
-        proxy = WanProxy(("127.0.0.1", 0), server.address, WAN, WAN)
-        wan.run(proxy.start())
-        link = Link(server, wan, proxy, proxy.address[1])
-        try:
-            yield link
-        finally:
-            wan.run(link.proxy.stop(), 10)
-            cloud.run(server.stop(), 30)
-
-
 @pytest.fixture(scope="module")
-def patient(pair: wanspec.Pair) -> Iterator[Link]:
+def patient(pair: wanspec.Pair) -> Iterator[CuttableLink]:
     """A server that keeps a dropped session for 20 s."""
-    yield from _link(pair, grace_s=20.0)
+    with cuttable_link(pair, grace_s=20.0) as link:
+        yield link
 
 
 @pytest.fixture(scope="module")
-def forgetful(pair: wanspec.Pair) -> Iterator[Link]:
+def forgetful(pair: wanspec.Pair) -> Iterator[CuttableLink]:
     """A server that forgets a dropped session after 0.2 s."""
-    yield from _link(pair, grace_s=0.2)
+    with cuttable_link(pair, grace_s=0.2) as link:
+        yield link
 
 
 def _interrupted(
-    pair: wanspec.Pair, link: Link, settings: GenerationSettings, outage_s: float
+    pair: wanspec.Pair, link: CuttableLink, settings: GenerationSettings, outage_s: float
 ) -> tuple[ResumableRun, list[tuple[int, ...]]]:
     """Generate through `link`, cutting it once DROP_AFTER tokens are committed and restoring
     it `outage_s` later; also returns every batch of tokens as the caller saw it."""
@@ -171,14 +130,16 @@ def _interrupted(
     return asyncio.run(asyncio.wait_for(scenario(), 90)), batches
 
 
-def _uninterrupted(pair: wanspec.Pair, link: Link, settings: GenerationSettings) -> list[int]:
+def _uninterrupted(
+    pair: wanspec.Pair, link: CuttableLink, settings: GenerationSettings
+) -> list[int]:
     res = wanspec.generate(pair, PROMPT, "naive", server=link.address, **settings.to_dict())
     return list(res.token_ids)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_a_dropped_link_within_the_grace_period_resumes_the_same_session(
-    pair: wanspec.Pair, patient: Link, temperature: float
+    pair: wanspec.Pair, patient: CuttableLink, temperature: float
 ) -> None:
     settings = GenerationSettings(max_new_tokens=NEW, temperature=temperature, seed=3)
     expected = _uninterrupted(pair, patient, settings)
@@ -193,7 +154,7 @@ def test_a_dropped_link_within_the_grace_period_resumes_the_same_session(
 
 
 def test_past_the_grace_period_a_fresh_session_continues_with_the_same_greedy_text(
-    pair: wanspec.Pair, forgetful: Link
+    pair: wanspec.Pair, forgetful: CuttableLink
 ) -> None:
     settings = GenerationSettings(max_new_tokens=NEW, temperature=0.0)
     expected = _uninterrupted(pair, forgetful, settings)

@@ -159,18 +159,23 @@ class RemotePair:
     def target_encode(self, text: str) -> list[int]:
         return [*prompt_encoder(self.target_tokenizer)(text), *self.target_suffix]
 
-    def continued(self, committed: Sequence[int]) -> RemotePair:
-        """This edge for a fresh session that continues after the `committed` target ids: each
-        prompt is followed by exactly those ids on the target's side (the server appends the
-        same ones, `wire.Resume.prefix`). The draft gets their re-tokenization, which changes
-        what it proposes, never what is accepted."""
-        ids = tuple(int(t) for t in committed)
+    def continued(self, ids: Sequence[int]) -> RemotePair:
+        """This edge for a session whose prompt is followed by the target ids `ids` too (after
+        its own suffix): exactly those ids on the target's side (the server appends the same
+        ones, `wire.Resume.prefix`), so committed tokens or a chat template's ids are never
+        re-tokenized. The draft gets their re-tokenization, which changes what it proposes,
+        never what is accepted."""
+        more = tuple(int(t) for t in ids)
         if self.alignment.is_identity:
-            draft_ids = ids
+            draft_more = more
         else:
-            text = self.target_tokenizer.decode(list(ids))
-            draft_ids = tuple(self.draft.tokenizer(text, add_special_tokens=False)["input_ids"])
-        return dataclasses.replace(self, target_suffix=ids, draft_suffix=draft_ids)
+            text = self.target_tokenizer.decode(list(more))
+            draft_more = tuple(self.draft.tokenizer(text, add_special_tokens=False)["input_ids"])
+        return dataclasses.replace(
+            self,
+            target_suffix=(*self.target_suffix, *more),
+            draft_suffix=(*self.draft_suffix, *draft_more),
+        )
 
     def decode(self, ids: list[int]) -> str:
         return self.target_tokenizer.decode(ids, skip_special_tokens=True)
@@ -379,6 +384,8 @@ async def generate_async(
     (`Disconnected` when a resumable session was lost). `on_emit(tokens)` gets each batch of
     committed tokens as the edge machine emits it."""
     options = options or ClientOptions()
+    if edge.target_suffix and not options.resume:
+        raise ValueError("an edge that continues after given ids needs a resumable session")
     address = parse_address(server) if isinstance(server, str) else server
     machine, model = edge_machine(edge, prompt, method, settings)
     loop = asyncio.get_running_loop()
