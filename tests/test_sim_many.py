@@ -181,6 +181,13 @@ def test_batch_price_of_one_job_is_its_price_and_of_several_is_one_pass() -> Non
     expected_ms = CLOUD.forward(14) + 0.01 * 140 + 0.5
     assert CLOUD.batch_seconds(jobs) == pytest.approx(expected_ms / 1000)
     assert CLOUD.batch_seconds(jobs) < sum(CLOUD.seconds(c) for c in jobs)
+    trees = load_profile({"forward_ms": {"1": 10.0, "65": 74.0}, "tree_ms": {"1": 5.0}})
+    tree, chain = ComputeCost("tree", n=6), ComputeCost("forward", n=6)
+    assert trees.batch_seconds([tree, tree]) == pytest.approx(0.005)  # trees: the tree curve
+    assert trees.batch_seconds([tree, chain]) == pytest.approx(0.021)  # else the forward one
+    cpu = load_profile({"forward_ms": {"1": 10.0}, "cpu_ms": 2.0})
+    bookkeeping = [ComputeCost("cpu", n=3), ComputeCost("cpu", n=1)]
+    assert cpu.batch_seconds(bookkeeping) == pytest.approx(0.002)  # side by side
     with pytest.raises(ValueError, match="at least one job"):
         CLOUD.batch_seconds([])
     with pytest.raises(ValueError, match="2 passes"):
