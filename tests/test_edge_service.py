@@ -128,7 +128,9 @@ def test_a_completion_is_what_wanspec_generate_gives_for_the_same_settings(
     assert got.usage.prompt_tokens == len(pair.target_encode(PROMPT))
     stats = got.model_extra["wanspec"]
     assert stats["rounds"] == expected.stats["rounds"] and stats["reconnects"] == 0
+    # the same protocol frames both ways: the session's own Resume/Resumed are not counted
     assert stats["uplink_bits"] == expected.stats["uplink_bits"]
+    assert stats["downlink_bits"] == expected.stats["downlink_bits"]
     assert 0 <= stats["acceptance_rate"] <= 1
 
 

@@ -31,7 +31,14 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 from wanspec import wire
-from wanspec.net.framing import ConnectionClosed, MessageStream, read_message, write_message
+from wanspec.net.framing import (
+    ConnectionClosed,
+    MessageStream,
+    TrafficCounter,
+    read_message,
+    write_message,
+)
+from wanspec.net.segments import HEADER_BYTES, segments
 
 Connector = Callable[[], Awaitable[MessageStream]]
 
@@ -80,6 +87,13 @@ class ReplayLog:
                 f"#{self.count - 1}"
             )
         return list(self._entries)[index - first :]
+
+
+def _uncount(counter: TrafficCounter, frame_bytes: int) -> None:
+    """Take a transport frame (the first `Resumed`) back out of the protocol's counters."""
+    counter.messages -= 1
+    counter.payload_bits -= 8 * frame_bytes
+    counter.est_tcpip_header_bytes -= HEADER_BYTES * segments(frame_bytes)
 
 
 def _dropped(stream: MessageStream, exc: BaseException) -> bool:
@@ -215,8 +229,10 @@ class EdgeStream(ResumableStream):
         if self._greeted:
             return False
         self._greeted = True
-        # an Error instead (busy, unauthorized) is the machine's to see
-        return isinstance(msg, wire.Resumed) and msg.received == 0
+        if not (isinstance(msg, wire.Resumed) and msg.received == 0):
+            return False  # an Error instead (busy, unauthorized) is the machine's to see
+        _uncount(self.received, len(wire.encode(msg, self.limits)))
+        return True
 
     async def _reconnect(self, cause: BaseException) -> None:
         for delay in self._retry.delays():

@@ -48,7 +48,7 @@ from wanspec.net.driver import (
     drive,
     receive,
 )
-from wanspec.net.framing import MessageStream
+from wanspec.net.framing import MessageStream, write_message
 from wanspec.net.metrics import ServerMetrics
 from wanspec.net.resume import CloudStream, SessionLost
 from wanspec.net.service import TcpService
@@ -283,7 +283,7 @@ class CloudServer(TcpService):
         self._resumable[head.session] = channel
         record.resumable = head.session[:12]
         try:
-            await stream.send(wire.Resumed(0))
+            await write_message(stream.writer, wire.Resumed(0), stream.limits)  # not counted
             result = await self._run(record, channel, (), self._continuing(head.prefix))
             await self._linger(channel.current)
             return result
@@ -308,13 +308,13 @@ class CloudServer(TcpService):
         and serve it until the session ends or the edge reconnects again."""
         channel = self._resumable[resume.session]
         record.resumable = resume.session[:12]
-        record.method = f"resume at {resume.committed} tokens"
+        record.method = "resume"
         try:
             await channel.attach(channel.wrap(stream.reader, stream.writer), resume.received)
         except SessionLost as lost:
             raise Refusal(ErrorCode.LIMIT, str(lost)) from None
         await channel.released()
-        record.outcome = "resumed"
+        record.outcome = f"resumed at {resume.committed} committed tokens"
 
     async def _run(
         self,
