@@ -20,8 +20,9 @@ frames on one TCP connection, not request/response calls; handle calls or the HT
 put an RPC framework between the bytes the papers count and the socket, and Ray's multiplexed
 routing only prefers, not guarantees, the replica that holds a session.
 
-`deploy(target, replicas=2, …)` starts the deployment on the connected Ray cluster; `ray` and
-`ray[serve]` come with the optional extra `wanspec[ray]`.
+`deploy(target, replicas=2, …)` starts the deployment on the connected Ray cluster;
+`python -m wanspec.net.ray_serve --target T --replicas 2 --port 7070` deploys and routes until
+Ctrl-C. `ray[serve]` comes with the optional extra `wanspec[ray]`.
 """
 
 from __future__ import annotations
@@ -36,13 +37,14 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict
 from typing import Any
 
+import click
 import ray
 from ray import serve
 
 from wanspec import wire
 from wanspec.net.background import BackgroundLoop
 from wanspec.net.framing import _read_header
-from wanspec.net.service import Address, TcpService
+from wanspec.net.service import Address, TcpService, serve_until_signalled
 
 log = logging.getLogger("wanspec.ray")
 DIRECTORY = "wanspec-replica-directory"
@@ -227,3 +229,38 @@ async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> Non
             await sink.drain()
         if sink.can_write_eof():
             sink.write_eof()
+
+
+@click.command()
+@click.option("--target", required=True, help="Registry name or Hugging Face folder.")
+@click.option("--draft-tokenizer", "draft_tokenizers", multiple=True, help="Repeatable.")
+@click.option("--replicas", type=click.IntRange(1), default=2, show_default=True)
+@click.option("--address", default=None, help="Ray cluster address [default: a local one].")
+@click.option("--host", default="127.0.0.1", show_default=True, help="The router's address.")
+@click.option("--port", type=click.IntRange(0, 65535), default=7070, show_default=True)
+def main(
+    target: str,
+    draft_tokenizers: tuple[str, ...],
+    replicas: int,
+    address: str | None,
+    host: str,
+    port: int,
+) -> None:
+    """Deploy `replicas` verifiers of TARGET on Ray Serve and route edges to them from
+    HOST:PORT until Ctrl-C."""
+    ray.init(address=address)
+    deploy(target, replicas, draft_tokenizers=draft_tokenizers)
+    router = SessionRouter(host=host, port=port)
+
+    def ready(r: SessionRouter) -> None:
+        where = "{}:{}".format(*r.address)
+        click.echo(f"routing edges on {where} to {len(registered())} replicas; Ctrl-C stops")
+
+    try:
+        asyncio.run(serve_until_signalled(router, ready))
+    finally:
+        serve.shutdown()
+
+
+if __name__ == "__main__":
+    main()
