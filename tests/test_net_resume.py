@@ -10,6 +10,7 @@ fresh session from its committed tokens: greedy output is again the same.
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ import pytest
 
 import wanspec
 from cuttable import CuttableLink, cuttable_link
+from nethelpers import run, socket_pair
 from wanspec import wire
 from wanspec.net.client import (
     ClientOptions,
@@ -27,7 +29,14 @@ from wanspec.net.client import (
     continuation_settings,
     generate_resumable,
 )
-from wanspec.net.resume import ReplayLog, RetryPolicy, SessionLost
+from wanspec.net.framing import MessageStream
+from wanspec.net.resume import (
+    KEEPALIVE_IDLE_S,
+    ReplayLog,
+    ResumableStream,
+    RetryPolicy,
+    SessionLost,
+)
 from wanspec.protocols.settings import GenerationSettings
 
 PROMPT = "hello world"
@@ -67,6 +76,21 @@ def test_the_replay_log_resends_from_the_peers_count_and_knows_what_it_dropped()
         log.since(1)  # dropped from the log: the session cannot be resumed
     with pytest.raises(SessionLost):
         log.since(6)  # more than was ever sent
+
+
+def test_a_resumable_connection_probes_a_silent_link_with_tcp_keepalive() -> None:
+    async def scenario() -> list[int]:
+        async with socket_pair() as ((reader, writer), _):
+            ResumableStream(MessageStream(reader, writer))
+            sock = writer.get_extra_info("socket")
+            options = [(socket.SOL_SOCKET, socket.SO_KEEPALIVE)]
+            if hasattr(socket, "TCP_KEEPIDLE"):
+                options += [(socket.IPPROTO_TCP, socket.TCP_KEEPIDLE)]
+            return [sock.getsockopt(level, name) for level, name in options]
+
+    values = run(scenario())
+    assert values[0] == 1
+    assert values[1:] in ([], [KEEPALIVE_IDLE_S])
 
 
 def test_a_continuation_draws_from_a_stream_of_its_own_and_asks_for_the_rest() -> None:

@@ -18,6 +18,9 @@ is involved: the machines stay sans-IO.
   or the peer needs a message older than the replay log keeps. The edge then starts a fresh
   session that continues from its committed tokens (`wanspec.net.client.generate_resumable`).
 
+A link that dies silently (no FIN, no reset) is noticed through TCP keepalive (`keep_alive`:
+about 11 s of silence) rather than waiting for the session's deadline.
+
 Frames that are cut off by the drop are not counted as received, so they are replayed whole.
 Resume/Resumed frames, like `Auth`, are outside the protocol's traffic counters; replayed
 protocol frames are counted again (they cross the wire again).
@@ -26,6 +29,7 @@ protocol frames are counted again (they cross the wire again).
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -89,6 +93,29 @@ class ReplayLog:
         return list(self._entries)[index - first :]
 
 
+# A WAN that fails silently (no FIN, no reset) leaves a read waiting forever; TCP keepalive
+# probes turn that into a reset after KEEPALIVE_IDLE_S + KEEPALIVE_COUNT * KEEPALIVE_INTERVAL_S
+# seconds of silence, so a resumable session notices and reconnects.
+KEEPALIVE_IDLE_S = 5
+KEEPALIVE_INTERVAL_S = 2
+KEEPALIVE_COUNT = 3
+
+
+def keep_alive(writer: asyncio.StreamWriter) -> None:
+    """Turn on TCP keepalive with the probes above (where the platform has the options)."""
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+    for name, value in (
+        ("TCP_KEEPIDLE", KEEPALIVE_IDLE_S),
+        ("TCP_KEEPINTVL", KEEPALIVE_INTERVAL_S),
+        ("TCP_KEEPCNT", KEEPALIVE_COUNT),
+    ):
+        if hasattr(socket, name):
+            sock.setsockopt(socket.IPPROTO_TCP, getattr(socket, name), value)
+
+
 def _uncount(counter: TrafficCounter, frame_bytes: int) -> None:
     """Take a transport frame (the first `Resumed`) back out of the protocol's counters."""
     counter.messages -= 1
@@ -111,6 +138,7 @@ class ResumableStream:
     def __init__(self, stream: MessageStream, keep: int = 64) -> None:
         self.limits, self.sent, self.received = stream.limits, stream.sent, stream.received
         self.log = ReplayLog(keep)
+        keep_alive(stream.writer)
         self.delivered = 0  # protocol messages handed to the driver
         self.reconnects = 0
         self._stream = stream
@@ -129,6 +157,7 @@ class ResumableStream:
 
     def wrap(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> MessageStream:
         """A new connection of this session, counted in the session's counters."""
+        keep_alive(writer)
         return MessageStream(reader, writer, self.limits, self.sent, self.received)
 
     async def send(self, msg: wire.Message) -> int:
