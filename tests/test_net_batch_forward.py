@@ -17,7 +17,7 @@ import torch
 from wanspec.models.invariant import make_batch_invariant
 from wanspec.models.jobs import Forward, KeepTreePath, run_job, run_jobs_batched
 from wanspec.models.lm import LanguageModel, load_model
-from wanspec.net.batching import _Ask, take_batch
+from wanspec.net.batching import ModelBatcher, _Ask, take_batch
 
 PROMPTS = (5, 70, 1, 33)  # cache lengths across a key block (64) and a sliding window
 STEPS = (3, 1, 5, 2)  # then a verification-sized step each
@@ -116,3 +116,25 @@ def test_a_batch_takes_the_oldest_then_what_fits_padded() -> None:
 def test_no_batching_takes_one_job_at_a_time_in_arrival_order() -> None:
     queue = _queue(3, 1, 2)
     assert [_sizes(take_batch(queue, 0)) for _ in range(3)] == [[3], [1], [2]]
+
+
+def test_a_bad_job_fails_its_own_session_only(tiny_models: dict[str, Path]) -> None:
+    """Eight sessions ask at once (the model thread batches what it finds queued); one job keeps
+    more tokens than its cache holds: that session gets the error, the others their logits."""
+    model = load_model(tiny_models["llama"], threads=1)
+    prompts = _ids(model, (4, 9, 2, 7, 5, 3, 8, 6), 2)
+    expected = [run_job(model.new_session(), Forward(0, tuple(p), 2)) for p in prompts]
+    batcher = ModelBatcher(256, waiters=2)
+    try:
+        sessions = [model.new_session() for _ in prompts]
+        jobs = [Forward(0, tuple(p), 2) for p in prompts]
+        jobs[3] = Forward(99, tuple(prompts[3]), 2)
+        futures = [batcher.ask(s, j) for s, j in zip(sessions, jobs, strict=True)]
+        for i, (future, want) in enumerate(zip(futures, expected, strict=True)):
+            if i == 3:
+                with pytest.raises(RuntimeError, match="keeps 99"):
+                    future.result(timeout=30)
+            else:
+                torch.testing.assert_close(future.result(timeout=30), want, rtol=1e-4, atol=1e-4)
+    finally:
+        batcher.shutdown()
