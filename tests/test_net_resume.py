@@ -170,6 +170,7 @@ def test_a_dropped_link_within_the_grace_period_resumes_the_same_session(
     run, batches = _interrupted(pair, patient, settings, outage_s=0.5)
     assert patient.drops and patient.drops[-1] < NEW  # the link really dropped mid-generation
     assert run.reconnects >= 1 and run.restarts == 0
+    assert run.final.transport_stats()["reconnects"] == run.reconnects
     # the same tokens (sampled ones too: the machines never noticed), none lost or repeated,
     # and what the caller was handed batch by batch is exactly that output
     assert run.tokens == expected

@@ -291,6 +291,7 @@ class RemoteRun:
             "uplink_tcpip_header_bytes_est": self.sent.est_tcpip_header_bytes,
             "downlink_tcpip_header_bytes_est": self.received.est_tcpip_header_bytes,
             "auth_bits": self.auth_bits,
+            "reconnects": int(self.extra.get("reconnects", 0)),  # resumable sessions only
             "edge_compute_s": dict(self.drive.compute_s),
             "edge_computes": dict(self.drive.computes),
         }
