@@ -160,7 +160,8 @@ def test_hr_payload_splits_q_into_c_and_theta_o() -> None:
     payload = hybrid_cloud_payload(q, common, rng)
     assert payload.target_common.tolist() == [2, 0, 1, 0, 0, 0]
     assert payload.theta_o == 3
-    assert payload.o_sample == 4 and rng.draws == [3]  # value 1 of 0..2 falls in q(4) = 2
+    assert payload.o_sample == 5 and rng.draws == [2]  # one pick among the two O tokens
+    assert rng.branches == [[Fraction(2, 3), Fraction(1, 3)]]  # ∝ q(4) = 2, q(5) = 1
 
 
 @pytest.mark.parametrize("case", ["mixed", "heavy_o"])
@@ -189,7 +190,7 @@ def test_hr_edge_picks_c_with_probability_theta_c_share_then_the_c_residual(case
     payload = dataclasses.replace(hybrid_cloud_payload(q, common, ScriptedRng()), o_sample=None)
     law = exact_law(lambda rng: hybrid_edge_resolve(payload, p, common, rng))
     r_c = np.where(common, residual(q, p), 0)
-    theta_c, theta_o = int(r_c.sum()), payload.theta_o
+    theta_c, theta_o = int(r_c.sum()), int(payload.theta_o)
     expected = {}
     for token, share in normalised(r_c).items() if theta_c else ():
         expected[("C", token)] = Fraction(theta_c, theta_c + theta_o) * share

@@ -50,11 +50,14 @@ def test_bernoulli_draws_nothing_when_the_outcome_is_certain(
     assert rng.draws == []
 
 
-def test_bernoulli_draws_once_from_the_denominator() -> None:
-    rng = ScriptedRng([2])
-    assert bernoulli(3, 7, rng) is True
-    assert rng.draws == [7]
-    assert bernoulli(3, 7, ScriptedRng([3])) is False  # the boundary value: 3 < 3 is false
+def test_bernoulli_is_one_uniform_below_the_ratio_with_a_strict_boundary() -> None:
+    """With numpy's generator: True iff u·denominator < numerator for u = rng.random()."""
+    u = np.random.default_rng(7).random()
+    at = u * 7.0
+    assert bernoulli(at, 7.0, np.random.default_rng(7)) is False  # u·7 < u·7 is false
+    assert bernoulli(np.nextafter(at, np.inf), 7.0, np.random.default_rng(7)) is True
+    rng = ScriptedRng([0])
+    assert bernoulli(3, 7, rng) is True and rng.draws == [2]  # one two-way draw
 
 
 # ----------------------------------------------------------------------------- sample
@@ -137,7 +140,7 @@ def test_verify_chain_rejects_misaligned_inputs(
     tokens: list[int], drafts: list[int], n_dists: int
 ) -> None:
     dists = [np.array([1, 1, 1])] * n_dists
-    with pytest.raises(ValueError, match=r"^tokens, draft_counts and target_dists do not line up$"):
+    with pytest.raises(ValueError, match=r"^tokens, draft_probs and target_dists do not line up$"):
         verify_chain(tokens, drafts, dists, ScriptedRng())
 
 

@@ -99,24 +99,29 @@ SETTINGS = st.dictionaries(TEXT, JSON, max_size=4)
 
 @st.composite
 def dists(draw: st.DrawFn, complete: bool, width: int | None = None) -> Dist:
-    """A quantised distribution: complete (sums to 65535) or a part of one."""
+    """A quantised distribution of 16, 24 or 32 bits: complete (sums to 2^bits − 1) or a part."""
     if width is None:
         width = draw(st.sampled_from([1, 2, 5, 17, 64, 300, V]))
+    bits = draw(st.sampled_from([16, 24, 32]))
+    scale = (1 << bits) - 1
     k = draw(st.integers(1, min(width, 40)))
     ids = sorted(draw(st.sets(st.integers(0, width - 1), min_size=k, max_size=k)))
-    cuts = sorted(draw(st.sets(st.integers(1, PROB_SCALE - 1), min_size=k - 1, max_size=k - 1)))
-    counts = np.diff([0, *cuts, PROB_SCALE])
-    dist = Dist(width, ids, counts)
+    cuts = sorted(draw(st.sets(st.integers(1, scale - 1), min_size=k - 1, max_size=k - 1)))
+    counts = np.diff([0, *cuts, scale])
+    dist = Dist(width, ids, counts, bits)
     if complete:
         return dist
     keep = draw(st.lists(st.booleans(), min_size=k, max_size=k))
-    return Dist(width, dist.ids[keep], dist.counts[keep])
+    return Dist(width, dist.ids[keep], dist.counts[keep], bits)
+
+
+PROBABILITY = st.floats(min_value=0.0, max_value=1.0, exclude_min=True)
 
 
 @st.composite
-def candidate_lists(draw: st.DrawFn) -> tuple[tuple[int, int], ...]:
+def candidate_lists(draw: st.DrawFn) -> tuple[tuple[int, float], ...]:
     ids = draw(st.lists(TOKEN_ID, max_size=6))
-    q = {tid: draw(st.integers(1, PROB_SCALE)) for tid in ids}
+    q = {tid: draw(PROBABILITY) for tid in ids}
     return tuple((tid, q[tid]) for tid in ids)
 
 
@@ -136,14 +141,14 @@ def verify_results(draw: st.DrawFn) -> VerifyResult:
         mode = draw(st.sampled_from(["complete", "hr", "truncated"]))
         n = len(full.ids)
         keep = np.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)))
+        part = Dist(full.width, full.ids[keep], full.counts[keep], full.bits)
         if mode == "complete":
             dist, theta_o = full, None
         elif mode == "hr":
-            dist = Dist(full.width, full.ids[keep], full.counts[keep])
-            theta_o = PROB_SCALE - dist.total
+            dist, theta_o = part, full.scale - part.total
         else:
-            dist, truncated = Dist(full.width, full.ids[keep], full.counts[keep]), True
-            theta_o = draw(st.none() | st.integers(0, PROB_SCALE - dist.total))
+            dist, truncated = part, True
+            theta_o = draw(st.none() | st.integers(0, full.scale - dist.total))
     cands = draw(st.none() | candidate_lists())
     named = {t for t in (token, o_token) if t is not None} | {c for c, _ in cands or ()}
     pieces = draw(pieces_for(named, {o_token} if o_token is not None else set()))
@@ -239,11 +244,13 @@ EXAMPLES = [
     VerifyResult(1, 2, dist=Dist(V, [5, 77, 100_000], [100, 200, 65235])),
     VerifyResult(2, 0, dist=Dist(V, [5], [60000]), theta_o=5535, o_token=150_000,
                  pieces=((150_000, "Ġhello"),)),
-    VerifyResult(3, 1, candidates=((9, 100), (150_001, 7), (9, 100)),
+    VerifyResult(2, 0, dist=Dist(V, [5, 9], [2**32 - 3, 1], 32), theta_o=1),
+    VerifyResult(1, 2, dist=Dist(V, [5, 77], [1, 2**24 - 2], 24)),
+    VerifyResult(3, 1, candidates=((9, 0.25), (150_001, 5e-324), (9, 0.25)),
                  pieces=((150_001, "▁wörld"),)),
     VerifyResult(4, 3, dist=Dist(V, [1, 2], [40000, 20000]), truncated=True, finished=True),
     CandidatesRequest(3, 8),
-    Candidates(3, ((4, 10), (8, 20)), ((8, "Ġx"),)),
+    Candidates(3, ((4, 1.0), (8, 0.1 + 0.2)), ((8, "Ġx"),)),
     ResampleRequest(2, ResampleKind.O_SAMPLE),
     ResampleRequest(2, ResampleKind.HR_DIST),
     OToken(2, 150_000, "Ġhello"),
@@ -296,46 +303,53 @@ def test_verify_result_with_bonus_is_small() -> None:
     assert len(encode(VerifyResult(12, 4, token=100_000))) == 3 + 1 + 1 + 1 + 3
 
 
-def test_dense_dist_costs_16_bits_per_id_plus_overhead() -> None:
+@pytest.mark.parametrize("bits_", [16, 32])
+def test_dense_dist_costs_one_varint_per_id_plus_overhead(bits_: int) -> None:
     width = 32_000  # a Llama-sized vocabulary with full support: dense is the smaller form
-    counts = complete_dense(width, np.random.default_rng(0))
-    msg = VerifyResult(0, 2, dist=Dist.from_dense(counts))
-    payload = 1 + 1 + 1 + vlen(width) + 1 + 2 * width
+    counts = complete_dense(width, np.random.default_rng(0)) << (bits_ - 16)
+    counts[0] += (1 << bits_) - 1 - counts.sum()
+    msg = VerifyResult(0, 2, dist=Dist.from_dense(counts, bits_))
+    payload = 1 + 1 + 1 + vlen(width) + 1 + 1 + sum(vlen(int(c)) for c in counts)
     assert bits(msg) == 8 * (header_size(payload) + payload)
-    assert bits(msg) - 16 * width < 100
-    assert decode(encode(msg)).dist.to_dense().tolist() == counts.tolist()
+    per_count = 1 if bits_ == 16 else 3  # counts ≈ 2 (16 bits) or ≈ 2^17 (32 bits)
+    assert 0 < bits(msg) - 8 * per_count * width < 200  # the frame, flags, width, tags
+    back = decode(encode(msg)).dist
+    assert back.bits == bits_ and back.to_dense().tolist() == counts.tolist()
 
 
 def test_sparse_dist_is_picked_when_smaller() -> None:
     ids = np.array([3, 1000, 50_000, 150_000])
-    dist = Dist(V, ids, [10, 20, 30, 65475])
+    dist = Dist(V, ids, [10, 200, 30, 65295])
     gaps = np.diff(ids, prepend=-1) - 1
-    body = vlen(len(ids) + 1) + sum(vlen(int(g)) for g in gaps) + 2 * len(ids)
+    body = vlen(len(ids) + 1) + sum(vlen(int(g)) for g in gaps) + 1 + 2 + 1 + 3
     assert sparse_size(dist) == body < dense_size(dist)
     msg = VerifyResult(0, 2, dist=dist)
-    payload = 1 + 1 + 1 + vlen(V) + body
+    payload = 1 + 1 + 1 + vlen(V) + 1 + body
     assert len(encode(msg)) == header_size(payload) + payload
 
 
 @pytest.mark.parametrize("nnz", [1, 5, 6, 7, 8, 9, 10])
 def test_dense_and_sparse_both_round_trip_around_the_crossover(nnz: int) -> None:
-    # width 10, ids 0..nnz-1: sparse body = 1 + nnz (gaps 0) + 2 nnz, dense body = 1 + 20
+    # width 10, ids 0..nnz-1, counts (65536 - nnz, 1, 1, ...): the counts cost 3 + (nnz - 1)
+    # bytes either way; sparse adds 1 + nnz (tag, gaps 0), dense 1 + (10 - nnz) (tag, zeros)
     counts = np.zeros(10, dtype=np.int64)
     counts[:nnz] = 1
     counts[0] += PROB_SCALE - nnz
     dist = Dist.from_dense(counts)
     data = encode(VerifyResult(0, 0, dist=dist))
     assert decode(data).dist == dist
-    is_sparse = 1 + 3 * nnz < 21
-    assert (data[7] != 0) == is_sparse  # the body's tag byte: 0 = dense, n + 1 = sparse
-    assert len(data) == 3 + 4 + (1 + 3 * nnz if is_sparse else 21)
+    is_sparse = 1 + nnz < 1 + 10 - nnz
+    assert (data[8] != 0) == is_sparse  # the body's tag byte (after precision): 0 = dense
+    body = 3 + (nnz - 1) + (1 + nnz if is_sparse else 1 + 10 - nnz)
+    assert len(data) == 3 + 5 + body
 
 
 def test_candidates_cost_formula() -> None:
-    cands = ((5, 100), (200, 3000), (20_000, 65535))
+    cands = ((5, 0.5), (200, 1e-9), (20_000, 1.0))
     msg = VerifyResult(1, 0, candidates=cands)
-    payload = 1 + 1 + 1 + 1 + sum(vlen(c) for c, _ in cands) + 2 * len(cands)
+    payload = 1 + 1 + 1 + 1 + sum(vlen(c) for c, _ in cands) + 8 * len(cands)
     assert len(encode(msg)) == header_size(payload) + payload
+    assert decode(encode(msg)).candidates == cands  # q(y) comes back bit for bit
 
 
 def test_tokens_cost_one_frame_per_message() -> None:
@@ -360,8 +374,13 @@ BAD_MESSAGES = [
     VerifyResult(0, 0, o_token=5),  # O-token without its piece
     VerifyResult(0, 0, token=5, pieces=((6, "x"),)),  # piece for an unnamed id
     VerifyResult(0, 0, token=5, pieces=((5, ""),)),  # empty piece
-    VerifyResult(0, 0, candidates=((5, 10), (5, 11))),  # inconsistent candidate counts
-    VerifyResult(0, 0, candidates=((5, 0),)),  # a sampled candidate has q > 0
+    VerifyResult(0, 0, candidates=((5, 0.1), (5, 0.2))),  # inconsistent candidate q
+    VerifyResult(0, 0, candidates=((5, 0.0),)),  # a sampled candidate has q > 0
+    VerifyResult(0, 0, candidates=((5, 1.5),)),  # a probability
+    VerifyResult(0, 0, candidates=((5, float("nan")),)),
+    VerifyResult(0, 0, dist=Dist(4, [1], [65535], 20)),  # not a precision
+    VerifyResult(0, 0, dist=Dist(4, [1], [2**24 - 1], 16)),  # a count over its scale
+    VerifyResult(0, 0, dist=Dist(4, [1], [2**24 - 2], 24), theta_o=2),  # mass over 2^24 - 1
     VerifyResult(0, 5000),  # accepted over max_tokens
     CandidatesRequest(0, 0),
     HiddenStates(0, np.array([1.0, np.nan])),
@@ -454,10 +473,12 @@ def test_non_canonical_encodings_are_rejected() -> None:
     with pytest.raises(WireError, match="non-minimal"):
         decode(frame(33, b"\x83\x00\x08"))
     one_hot = Dist(V, [7], [PROB_SCALE])  # sparse is smaller; a dense body is non-canonical
-    dense_body = bytes([0]) + one_hot.to_dense().astype("<u2").tobytes()
+    dense_body = bytes([16, 0]) + bytes(7) + b"\xff\xff\x03" + bytes(V - 8)
     width = encode(VerifyResult(0, 0, dist=one_hot))[6:9]
     with pytest.raises(WireError, match="canonical"):
         decode(frame(32, b"\x00\x00\x02" + width + dense_body))
+    with pytest.raises(WireError, match="precision of 20 bits"):
+        decode(frame(32, b"\x00\x00\x02" + width + bytes([20, 2, 7, 1])))
 
 
 def test_huge_declared_lengths_fail_before_allocating() -> None:

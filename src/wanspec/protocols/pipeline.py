@@ -29,6 +29,7 @@ from wanspec import wire
 from wanspec.models.jobs import KeepTreePath, TreeForward
 from wanspec.protocols.base import Action, ComputeDone, Event, MessageReceived, ProtocolError
 from wanspec.protocols.budget import BranchPlanner, residual_capture
+from wanspec.protocols.schemes import dist_probs
 from wanspec.protocols.speculative import EdgeState, Round, SpecEdge
 from wanspec.sampling import Counts, quantize, sample, warp_probs
 
@@ -205,7 +206,7 @@ class PipelineEdge(SpecEdge):
         if self.planner is None or msg.dist is None or msg.dist.width != width or msg.truncated:
             return
         draft = rnd.dists[msg.accepted]
-        residual = np.maximum(msg.dist.to_dense() - draft, 0)
+        residual = np.maximum(dist_probs(msg.dist) - self.draft_probs(rnd, msg.accepted), 0.0)
         if residual.sum() > 0:
             curve = residual_capture(residual, draft, rnd.tokens[msg.accepted], self.planner.b_max)
             self.planner.observe_capture(curve)

@@ -2,7 +2,14 @@
 
 A `Scheme` is a pair of small hooks, one per side, used by the one speculative machine pair in
 `wanspec.protocols.speculative`; adding such a method means adding a scheme and a registry entry.
-Every draw uses the sampling floor's exact integer primitives on the quantised q̃ and p̃.
+Every draw is one of the sampling floor's primitives.
+
+What q a method decides with: a scheme whose cloud resolves the rejection itself (SD, UL, U-HLM,
+SR-DV with its fallback on the cloud, GR) decides with the target's float q and the draft's
+exactly reported p̃, so it is exact with respect to q. A scheme that ships q to the edge
+(`round_target` returns a `Rounded`) rounds it to `q_bits`-bit counts at every position it
+verifies, and both sides decide with that q̂, so it is exact with respect to q̂; the cloud sums
+TV(q, q̂) over those positions into the run's `tv_bound`.
 """
 
 from __future__ import annotations
@@ -15,10 +22,13 @@ from wanspec import wire
 from wanspec.protocols.base import Action, ProtocolError, Send
 from wanspec.sampling import (
     HybridPayload,
+    Rounded,
+    dequantize,
     greedy_replacement,
-    hybrid_cloud_payload,
+    hybrid_bins,
     hybrid_edge_resolve,
     hybrid_o_sample,
+    round_probs,
     sample_residual,
     srdv_cloud_candidates,
     srdv_edge_verify,
@@ -39,6 +49,19 @@ def reply_dist(msg: Any, width: int) -> wire.Dist:
     return dist
 
 
+def dist_probs(dist: wire.Dist) -> np.ndarray:
+    """The probabilities a shipped distribution stands for (the very floats the cloud used)."""
+    return dequantize(dist.to_dense(), dist.bits)
+
+
+def resample_with_draft(rej: Rejection, msg: Any, rng: np.random.Generator) -> int:
+    """The cloud resolves a rejection itself: the residual of its float q and the p̃ the edge
+    uploaded for the rejected position (SD's answer, SR-DV's fallback)."""
+    if not isinstance(msg, wire.DraftWithDists) or msg.dist_positions != (0,):
+        raise ProtocolError("expected the draft distribution of the rejected position")
+    return sample_residual(rej.target, dist_probs(msg.dists[0]), rng)
+
+
 class Scheme:
     """Rejection handling of one method; the default is the cloud-side bonus only."""
 
@@ -57,6 +80,16 @@ class Scheme:
         raise ProtocolError(f"{self.name}: unexpected {type(msg).__name__} at a rejection")
 
     # ---- cloud
+    def round_target(self, cloud: SpecCloud, target: np.ndarray) -> Rounded | None:
+        """The rounded q̂ this method ships and decides with, or None: decide with float q."""
+        return None
+
+    def decision_probs(
+        self, cloud: SpecCloud, target: np.ndarray, rounded: Rounded | None
+    ) -> np.ndarray:
+        """The q acceptance tests use at a position (over the target vocabulary)."""
+        return target if rounded is None else rounded.probs
+
     def cloud_reply(self, cloud: SpecCloud, rej: Rejection) -> wire.Message:
         raise NotImplementedError
 
@@ -64,18 +97,27 @@ class Scheme:
         raise ProtocolError(f"{self.name}: unexpected {type(msg).__name__}")
 
 
-class ResidualDownlink(Scheme):
-    """Naive / CoSD / DSSD: the cloud sends all of q_j; the edge draws the residual."""
+class ShipsTarget(Scheme):
+    """A scheme that ships q to the edge: it rounds q to `q_bits` and decides with q̂."""
+
+    def round_target(self, cloud: SpecCloud, target: np.ndarray) -> Rounded | None:
+        return round_probs(target, cloud.settings.q_bits)
+
+
+class ResidualDownlink(ShipsTarget):
+    """Naive / CoSD / DSSD: the cloud sends all of q̂_j; the edge draws the residual."""
 
     name = "residual-downlink"
 
     def cloud_reply(self, cloud: SpecCloud, rej: Rejection) -> wire.Message:
-        return wire.VerifyResult(rej.index, rej.position, dist=wire.Dist.from_dense(rej.target))
+        assert rej.rounded is not None
+        dist = wire.Dist.from_dense(rej.rounded.counts, rej.rounded.bits)
+        return wire.VerifyResult(rej.index, rej.position, dist=dist)
 
     def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> list[Action]:
         n = msg.accepted
-        target = reply_dist(msg, edge.alignment.target_width).to_dense()
-        token = sample_residual(target, rnd.dists[n], edge.rng)
+        target = dist_probs(reply_dist(msg, edge.alignment.target_width))
+        token = sample_residual(target, edge.draft_probs(rnd, n), edge.rng)
         return edge.finish_round(rnd, n, token, decided_by_edge=True)
 
 
@@ -86,6 +128,7 @@ class UplinkDists(Scheme):
     uploads_dists = True
 
     def cloud_reply(self, cloud: SpecCloud, rej: Rejection) -> wire.Message:
+        assert rej.draft is not None
         token = sample_residual(rej.target, rej.draft, cloud.rng)
         return wire.VerifyResult(rej.index, rej.position, token=token)
 
@@ -127,35 +170,49 @@ class AskForDraftDist(Scheme):
         return super().edge_on_reject(edge, rnd, msg)
 
     def cloud_on_request(self, cloud: SpecCloud, rej: Rejection, msg: Any) -> wire.Message:
-        if not isinstance(msg, wire.DraftWithDists) or msg.dist_positions != (0,):
-            raise ProtocolError("sd: expected the draft distribution of the rejected position")
-        draft = msg.dists[0].to_dense()
-        token = sample_residual(rej.target, draft, cloud.rng)
+        token = resample_with_draft(rej, msg, cloud.rng)
         return wire.VerifyResult(rej.index, rej.position, token=token)
 
 
 class Hybrid(Scheme):
-    """X-CoSD's HR: q on C and θ_o travel; the edge picks the region; O tokens come as pieces.
+    """X-CoSD's HR: q̂ on C and θ̂_o travel; the edge picks the region; O tokens come as pieces.
 
-    q restricted to C travels indexed by position in C (both sides hold the alignment), so its
-    dense form costs 16·|C| bits rather than 16·|V_L|."""
+    q restricted to C travels indexed by position in C (both sides hold the alignment), so it
+    costs |C| counts rather than |V_L|. The rounding is of C's entries plus θ_o as one bin
+    (`hybrid_bins`); the O-sample is drawn from the float q restricted to O."""
 
     name = "hr"
 
-    def cloud_reply(self, cloud: SpecCloud, rej: Rejection) -> wire.Message:
-        return self.hr_payload(cloud, rej, piggyback=cloud.settings.hr_piggyback)
+    def round_target(self, cloud: SpecCloud, target: np.ndarray) -> Rounded | None:
+        bins = hybrid_bins(target, cloud.common, cloud.alignment.common_target_ids)
+        return round_probs(bins, cloud.settings.q_bits)
+
+    def decision_probs(
+        self, cloud: SpecCloud, target: np.ndarray, rounded: Rounded | None
+    ) -> np.ndarray:
+        assert rounded is not None
+        common_ids = cloud.alignment.common_target_ids
+        return self.spread(rounded.probs[:-1], target.size, common_ids)
 
     @staticmethod
-    def hr_payload(cloud: SpecCloud, rej: Rejection, piggyback: bool) -> wire.VerifyResult:
-        payload = hybrid_cloud_payload(rej.target, cloud.common, cloud.rng, piggyback=piggyback)
-        o_token = payload.o_sample
+    def spread(common_probs: np.ndarray, width: int, common_ids: np.ndarray) -> np.ndarray:
+        """q̂ on C, in C's order, as a vector over the target vocabulary (zeros on O)."""
+        out = np.zeros(width, dtype=np.float64)
+        out[common_ids] = common_probs
+        return out
+
+    def cloud_reply(self, cloud: SpecCloud, rej: Rejection) -> wire.Message:
+        assert rej.rounded is not None
+        counts, bits = rej.rounded.counts, rej.rounded.bits
+        theta_o = int(counts[-1])
+        piggyback = cloud.settings.hr_piggyback and theta_o > 0
+        o_token = hybrid_o_sample(rej.target, cloud.common, cloud.rng) if piggyback else None
         pieces = () if o_token is None else ((o_token, cloud.alignment.target_piece(o_token)),)
-        common_ids = cloud.alignment.common_target_ids  # both sides know C and its order
         return wire.VerifyResult(
             rej.index,
             rej.position,
-            dist=wire.Dist.from_dense(payload.target_common[common_ids]),
-            theta_o=payload.theta_o,
+            dist=wire.Dist.from_dense(counts[:-1], bits),
+            theta_o=theta_o,
             o_token=o_token,
             pieces=pieces,
         )
@@ -166,18 +223,18 @@ class Hybrid(Scheme):
             return edge.finish_round(rnd, rnd.rejected_at, msg.token, decided_by_edge=True)
         return self.resolve(edge, rnd, msg)
 
-    @staticmethod
-    def resolve(edge: SpecEdge, rnd: Round, msg: wire.VerifyResult) -> list[Action]:
+    def resolve(self, edge: SpecEdge, rnd: Round, msg: wire.VerifyResult) -> list[Action]:
         n = msg.accepted
         if msg.dist is None:
             raise ProtocolError("hybrid resampling needs q restricted to C")
         common_ids = edge.alignment.common_target_ids
         if msg.dist.width != len(common_ids):
             raise ProtocolError("hybrid resampling: q must travel over the common vocabulary")
-        target_common = np.zeros(edge.alignment.target_width, dtype=np.int64)
-        target_common[common_ids] = msg.dist.to_dense()
-        payload = HybridPayload(target_common, int(msg.theta_o or 0), msg.o_token)
-        choice = hybrid_edge_resolve(payload, rnd.dists[n], edge.common, edge.rng)
+        width = edge.alignment.target_width
+        target_common = self.spread(dist_probs(msg.dist), width, common_ids)
+        theta_o = float(dequantize(np.array([msg.theta_o or 0]), msg.dist.bits)[0])
+        payload = HybridPayload(target_common, theta_o, msg.o_token)
+        choice = hybrid_edge_resolve(payload, edge.draft_probs(rnd, n), edge.common, edge.rng)
         edge.count(f"hr_region_{choice.region}")
         if choice.token is None:
             rnd.rejected_at = n
@@ -192,17 +249,19 @@ class Hybrid(Scheme):
 
 
 class ServerResampleDeviceVerify(Scheme):
-    """X-CoSD-E's SR-DV: K samples of q travel; the edge accepts one by rejection sampling;
-    after M rounds of K rejections, HR (with the piggybacked O-sample) finishes the job."""
+    """X-CoSD-E's SR-DV: K samples of q travel with q(y) as float64; the edge accepts one by
+    rejection sampling. After M rounds of K rejections the edge uploads p̃ of that one position
+    and the cloud draws the residual of its float q (not HR: nothing of q is rounded), so the
+    method is exact with respect to the float q."""
 
     name = "srdv"
 
     def _candidates(self, cloud: SpecCloud, rej: Rejection) -> tuple[tuple, tuple]:
-        ids, counts = srdv_cloud_candidates(rej.target, cloud.settings.srdv_k, cloud.rng)
+        ids, probs = srdv_cloud_candidates(rej.target, cloud.settings.srdv_k, cloud.rng)
         pieces = tuple(
             sorted({(y, cloud.alignment.target_piece(y)) for y in ids if not cloud.common[y]})
         )
-        return tuple(zip(ids, counts, strict=True)), pieces
+        return tuple(zip(ids, probs, strict=True)), pieces
 
     def cloud_reply(self, cloud: SpecCloud, rej: Rejection) -> wire.Message:
         candidates, pieces = self._candidates(cloud, rej)
@@ -212,25 +271,25 @@ class ServerResampleDeviceVerify(Scheme):
         if isinstance(msg, wire.CandidatesRequest):
             candidates, pieces = self._candidates(cloud, rej)
             return wire.Candidates(rej.index, candidates, pieces)
-        if isinstance(msg, wire.ResampleRequest) and msg.kind == wire.ResampleKind.HR_DIST:
-            return Hybrid.hr_payload(cloud, rej, piggyback=True)
-        return super().cloud_on_request(cloud, rej, msg)
+        token = resample_with_draft(rej, msg, cloud.rng)
+        return wire.VerifyResult(rej.index, rej.position, token=token)
 
     def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> list[Action]:
         if isinstance(msg, wire.VerifyResult) and msg.candidates is None:
-            edge.count("srdv_fallbacks")
-            return Hybrid.resolve(edge, rnd, msg)
+            return super().edge_on_reject(edge, rnd, msg)  # the cloud's fallback token
         if isinstance(msg, wire.VerifyResult):
             rnd.rejected_at = msg.accepted
         rnd.candidate_rounds += 1
         edge.count("srdv_candidate_rounds")
-        ids, counts = zip(*msg.candidates, strict=True)
-        token = srdv_edge_verify(ids, counts, rnd.dists[rnd.rejected_at], edge.rng)
+        ids, probs = zip(*msg.candidates, strict=True)
+        draft = edge.draft_probs(rnd, rnd.rejected_at)
+        token = srdv_edge_verify(ids, probs, draft, edge.rng)
         if token is not None:
             return edge.finish_round(rnd, rnd.rejected_at, token, decided_by_edge=True)
         if rnd.candidate_rounds < edge.settings.srdv_m:
             return [Send(wire.CandidatesRequest(rnd.index, edge.settings.srdv_k))]
-        return [Send(wire.ResampleRequest(rnd.index, wire.ResampleKind.HR_DIST))]
+        edge.count("srdv_fallbacks")
+        return [Send(edge.rejected_dist_message(rnd, rnd.rejected_at))]
 
 
 class GreedyReplacement(Scheme):
@@ -242,17 +301,20 @@ class GreedyReplacement(Scheme):
         return wire.VerifyResult(rej.index, rej.position, token=greedy_replacement(rej.target))
 
 
-class TruncatedResidual(Scheme):
-    """TR (lossy): the cloud sends the top-k of q_j; the edge draws the residual over it."""
+class TruncatedResidual(ShipsTarget):
+    """TR (lossy): the cloud sends the top-k of q̂_j; the edge draws the residual over it."""
 
     name = "tr"
 
     def cloud_reply(self, cloud: SpecCloud, rej: Rejection) -> wire.Message:
-        ids, counts = truncate_top_k(rej.target, cloud.settings.tr_k)
-        dist = wire.Dist(len(rej.target), ids, counts)
+        assert rej.rounded is not None
+        ids, counts = truncate_top_k(rej.rounded.counts, cloud.settings.tr_k)
+        dist = wire.Dist(len(rej.target), ids, counts, rej.rounded.bits)
         return wire.VerifyResult(rej.index, rej.position, dist=dist, truncated=True)
 
     def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> list[Action]:
         dist = reply_dist(msg, edge.alignment.target_width)
-        token = truncated_residual_sample(dist.ids, dist.counts, rnd.dists[msg.accepted], edge.rng)
+        target = dequantize(dist.counts, dist.bits)
+        draft = edge.draft_probs(rnd, msg.accepted)
+        token = truncated_residual_sample(dist.ids, target, draft, edge.rng)
         return edge.finish_round(rnd, msg.accepted, token, decided_by_edge=True)

@@ -5,6 +5,10 @@ per token, uploads them with p_i(x_i) and waits; the cloud verifies them in one 
 answers. Methods differ only in what happens at a rejection, which is a `Scheme`
 (`wanspec.protocols.schemes`). Every draft names its round and the committed prefix it extends
 (`base`), so the cloud can tell a stale draft from a current one when several are in flight.
+
+The cloud computes the target's float q at every row; the bonus token is always drawn from it.
+Acceptance uses q too, or the rounded q̂ of a scheme that ships q (the very q̂ the edge then
+resamples from); the TV distance of each rounding used is summed into the `tv_bound` counter.
 """
 
 from __future__ import annotations
@@ -21,8 +25,17 @@ from wanspec.protocols.cache import CacheMirror
 from wanspec.protocols.endpoints import EdgeMachine, TargetInfo
 from wanspec.protocols.schemes import Scheme
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.sampling import Counts, quantize, sample, target_counts, verify_chain, warp_probs
-from wanspec.sampling.quant import PROB_SCALE
+from wanspec.sampling import (
+    Counts,
+    Rounded,
+    dequantize,
+    pick,
+    quantize,
+    sample,
+    target_probs,
+    verify_chain,
+    warp_probs,
+)
 from wanspec.vocab import DraftRetokenizer, VocabAlignment
 
 Draft = wire.Draft | wire.DraftWithDists
@@ -49,8 +62,9 @@ class Rejection:
 
     index: int
     position: int
-    target: Counts
-    draft: Counts | None = None
+    target: np.ndarray  # the float q at the rejected position
+    rounded: Rounded | None = None  # the q̂ decided with and shipped, for schemes that ship q
+    draft: np.ndarray | None = None  # p̃ there, when the edge uploaded it (UL, U-HLM)
 
 
 # ============================================================================ the edge
@@ -134,6 +148,11 @@ class SpecEdge(EdgeMachine):
         self.pending_echo = []
         self.state = EdgeState.WAITING
         return [Send(msg)]
+
+    @staticmethod
+    def draft_probs(rnd: Round, position: int) -> np.ndarray:
+        """p̃ at a drafted position as probabilities (the 16-bit counts the edge reports)."""
+        return dequantize(rnd.dists[position])
 
     def dists_message(self, rnd: Round, positions: list[int]) -> wire.DraftWithDists:
         """UL / U-HLM upload: the draft plus full draft distributions at `positions`."""
@@ -253,6 +272,7 @@ class SpecCloud(Machine):
         self.rejection: Rejection | None = None
 
     def on_start(self) -> list[Action]:
+        self.counters.setdefault("tv_bound", 0.0)
         return [self.compute("prefill", self.cache.plan(self.prompt_ids))]
 
     def on_message(self, msg: Any) -> list[Action]:
@@ -298,28 +318,41 @@ class SpecCloud(Machine):
             return []
         msg, self.verifying = self.verifying, None
         assert msg is not None
-        params = self.settings.sampling
         tokens = list(msg.tokens)
         context = [*self.prompt_ids, *self.output]
         targets = [
-            target_counts(row, params, self.valid, [*context, *tokens[:i]])
+            target_probs(row, self.settings.sampling, self.valid, [*context, *tokens[:i]])
             for i, row in enumerate(result)
         ]
+        verified = targets[: len(tokens)]
+        rounded = [self.scheme.round_target(self, q) for q in verified]
+        decide = [
+            self.scheme.decision_probs(self, q, r) for q, r in zip(verified, rounded, strict=True)
+        ]
         probs, unverified, dists = self._draft_side(msg, tokens)
-        accepted = verify_chain(tokens, probs, targets, self.rng, unverified=unverified)
+        accepted = verify_chain(tokens, probs, decide, self.rng, unverified=unverified)
         self.output.extend(tokens[:accepted])
+        self._add_tv(rounded[: accepted + 1])
         self.count("rounds")
         if accepted == len(tokens):
             self.rejection = None
             self.state = CloudState.IDLE
-            bonus = sample(targets[-1], self.rng) if self.bonus else None
+            bonus = pick(targets[-1], self.rng) if self.bonus else None
             actions = self._reply(wire.VerifyResult(msg.round, accepted, token=bonus))
         else:
             self.count("rejections")
             self.state = CloudState.REJECTED
-            self.rejection = Rejection(msg.round, accepted, targets[accepted], dists.get(accepted))
+            self.rejection = Rejection(
+                msg.round, accepted, targets[accepted], rounded[accepted], dists.get(accepted)
+            )
             actions = self._reply(self.scheme.cloud_reply(self, self.rejection))
         return [*actions, *self._next_draft()]
+
+    def _add_tv(self, rounded: list[Rounded | None]) -> None:
+        """The positions this round decided (accepted ones and the rejected one) with a rounded
+        q̂ have law q̂, not q: their TV(q, q̂) adds to the run's bound."""
+        tv = sum(r.tv for r in rounded if r is not None)
+        self.counters["tv_bound"] = self.counters.get("tv_bound", 0.0) + tv
 
     def _reply(self, reply: wire.Message) -> list[Action]:
         """Send a reply; a token the cloud chose itself joins its output at once."""
@@ -328,10 +361,15 @@ class SpecCloud(Machine):
         return [Send(reply)]
 
     @staticmethod
-    def _draft_side(msg: Draft, tokens: list[int]) -> tuple[list[int], list[bool] | None, dict]:
+    def _draft_side(msg: Draft, tokens: list[int]) -> tuple[list[float], list[bool] | None, dict]:
+        """p̃(x_i) of each drafted token as a probability, which positions go unverified, and
+        the full p̃ the edge uploaded (by position)."""
         if isinstance(msg, wire.Draft):
-            return list(msg.probs), None, {}
-        dists = {pos: d.to_dense() for pos, d in zip(msg.dist_positions, msg.dists, strict=True)}
-        probs = [int(dists[i][t]) if i in dists else PROB_SCALE for i, t in enumerate(tokens)]
+            return list(dequantize(np.array(msg.probs, dtype=np.int64))), None, {}
+        dists = {
+            pos: dequantize(d.to_dense(), d.bits)
+            for pos, d in zip(msg.dist_positions, msg.dists, strict=True)
+        }
+        probs = [float(dists[i][t]) if i in dists else 1.0 for i, t in enumerate(tokens)]
         unverified = [i not in dists for i in range(len(tokens))]
         return probs, unverified, dists

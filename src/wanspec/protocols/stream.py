@@ -22,7 +22,7 @@ from wanspec.protocols.base import Action, Machine, Send, request_rng
 from wanspec.protocols.cache import CacheMirror
 from wanspec.protocols.endpoints import EdgeMachine, TargetInfo
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.sampling import sample, target_counts
+from wanspec.sampling import pick, target_probs
 
 
 class StreamState(enum.Enum):
@@ -96,8 +96,8 @@ class StreamCloud(Machine):
 
     def on_compute(self, purpose: str, result: Any) -> list[Action]:
         valid = self.target.vocab.target_valid
-        counts = target_counts(result[-1], self.settings.sampling, valid, self.seen_ids())
-        token = sample(counts, self.rng)
+        q = target_probs(result[-1], self.settings.sampling, valid, self.seen_ids())
+        token = pick(q, self.rng)  # the float q itself: nothing travels, nothing is rounded
         self.produced += 1
         done = self.produced >= self.settings.max_new_tokens or token in self.eos
         if done:

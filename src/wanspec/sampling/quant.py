@@ -1,23 +1,37 @@
-"""Quantised distributions: the one representation that travels and that both sides decide on.
+"""Quantised distributions: the form a distribution takes on the wire.
 
-A distribution is an int64 numpy array of counts summing to exactly PROB_SCALE (65535), so each
-count fits in 16 bits on the wire. Both sides use the very same counts, and every acceptance test
-and sample below is integer arithmetic, so lossless methods are exact with respect to
-q̃ = counts / PROB_SCALE. Largest-remainder rounding bounds the error per token:
-|q̃(x) − q(x)| < 1/PROB_SCALE (≈1.5e-5); tokens with q(x) < 1/PROB_SCALE may round to 0.
+A distribution that travels is an int64 array of counts summing to exactly 2^bits − 1
+(largest-remainder rounding), `bits` ∈ Q_BITS. The draft's p̃ is always 16-bit (PROB_SCALE =
+65535): the draft may propose from any law it reports exactly, and it reports these counts.
+The target's q travels only where a method must ship it (Naive, CoSD, HR, TR, AceSpec's
+downlink), at the request's `q_bits`; both sides then decide with the same rounded q̂ =
+counts / (2^bits − 1) (`dequantize`, one float division both sides compute bit for bit), so the
+method is exact with respect to q̂, and `Rounded.tv` = TV(q, q̂) says how far that is from q.
+Largest-remainder rounding bounds the error per token by 1/(2^bits − 1); tokens below that may
+round to 0, which is why 16 bits is a poor default for a 151,665-token vocabulary at T = 1.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import torch
 
-PROB_SCALE = 65535
-Counts = np.ndarray  # int64, non-negative, sums to PROB_SCALE (or a sub-distribution of it)
+PROB_SCALE = 65535  # the draft's p̃ and the 16-bit q of the papers
+Q_BITS = (16, 24, 32)  # precisions a shipped target distribution may use
+Counts = np.ndarray  # int64, non-negative, sums to the scale (or a sub-distribution of it)
 
 
-def quantize(probs: np.ndarray | torch.Tensor) -> Counts:
-    """Largest-remainder rounding of a probability vector to counts summing to PROB_SCALE."""
+def scale_of(bits: int) -> int:
+    """The total of a complete `bits`-bit distribution: 2^bits − 1 (each count fits the bits)."""
+    if bits not in Q_BITS:
+        raise ValueError(f"precision must be one of {Q_BITS} bits, got {bits!r}")
+    return (1 << bits) - 1
+
+
+def quantize(probs: np.ndarray | torch.Tensor, scale: int = PROB_SCALE) -> Counts:
+    """Largest-remainder rounding of a probability vector to counts summing to `scale`."""
     if isinstance(probs, torch.Tensor):
         probs = probs.detach().to(torch.float64).cpu().numpy()
     probs = np.asarray(probs, dtype=np.float64)
@@ -28,14 +42,41 @@ def quantize(probs: np.ndarray | torch.Tensor) -> Counts:
     total = probs.sum()
     if total <= 0:
         raise ValueError("probabilities sum to zero")
-    scaled = (probs / total) * PROB_SCALE
+    scaled = (probs / total) * scale
     counts = np.floor(scaled).astype(np.int64)
-    deficit = PROB_SCALE - int(counts.sum())
+    deficit = scale - int(counts.sum())
     if deficit > 0:
         fractions = scaled - counts
         top = np.argpartition(-fractions, deficit - 1)[:deficit]
         counts[top] += 1
     return counts
+
+
+def dequantize(counts: Counts, bits: int = 16) -> np.ndarray:
+    """counts / (2^bits − 1) in float64: the probabilities both sides decide with."""
+    return np.asarray(counts, dtype=np.int64) / float(scale_of(bits))
+
+
+@dataclass(frozen=True)
+class Rounded:
+    """A target distribution rounded for the wire: `counts` over its bins sum to 2^bits − 1,
+    `tv` = TV(q, q̂) over those bins (float64), the distance from the float law it replaces."""
+
+    counts: Counts
+    bits: int
+    tv: float
+
+    @property
+    def probs(self) -> np.ndarray:
+        return dequantize(self.counts, self.bits)
+
+
+def round_probs(probs: np.ndarray, bits: int) -> Rounded:
+    """Round a float distribution to `bits`-bit counts and measure the TV distance it costs."""
+    probs = np.asarray(probs, dtype=np.float64)
+    counts = quantize(probs, scale_of(bits))
+    tv = 0.5 * float(np.abs(dequantize(counts, bits) - probs / probs.sum()).sum())
+    return Rounded(counts, bits, tv)
 
 
 def sample(counts: Counts, rng: np.random.Generator) -> int:
@@ -45,12 +86,3 @@ def sample(counts: Counts, rng: np.random.Generator) -> int:
     if total <= 0:
         raise ValueError("cannot sample from an all-zero distribution")
     return int(np.searchsorted(cumulative, rng.integers(total), side="right"))
-
-
-def bernoulli(numerator: int, denominator: int, rng: np.random.Generator) -> bool:
-    """True with probability numerator/denominator exactly (clipped to [0, 1])."""
-    if numerator <= 0:
-        return False
-    if numerator >= denominator:
-        return True
-    return int(rng.integers(denominator)) < numerator

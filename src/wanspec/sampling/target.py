@@ -11,16 +11,27 @@ from wanspec.sampling.quant import Counts, quantize
 from wanspec.sampling.warps import SamplingParams, warp_probs
 
 
+def target_probs(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    valid: np.ndarray,
+    prev_ids: Sequence[int] | None = None,
+) -> np.ndarray:
+    """The target's float q at one position (float64): padding rows masked out, the request's
+    warp applied as transformers applies it. This is the law every lossless method samples.
+
+    `prev_ids`: the target ids before this position (prompt and output), which a repetition
+    penalty needs exactly as transformers gets them."""
+    masked = logits.to(torch.float32).masked_fill(~torch.from_numpy(valid.copy()), float("-inf"))
+    context = None if prev_ids is None else [prev_ids]
+    return warp_probs(masked.unsqueeze(0), params, context)[0].numpy()
+
+
 def target_counts(
     logits: torch.Tensor,
     params: SamplingParams,
     valid: np.ndarray,
     prev_ids: Sequence[int] | None = None,
 ) -> Counts:
-    """q̃ at one position: padding rows masked out, the request's warp, quantised.
-
-    `prev_ids`: the target ids before this position (prompt and output), which a repetition
-    penalty needs exactly as transformers gets them."""
-    masked = logits.to(torch.float32).masked_fill(~torch.from_numpy(valid.copy()), float("-inf"))
-    context = None if prev_ids is None else [prev_ids]
-    return quantize(warp_probs(masked.unsqueeze(0), params, context)[0])
+    """q at one position rounded to 16-bit counts (the papers' q̃)."""
+    return quantize(target_probs(logits, params, valid, prev_ids))

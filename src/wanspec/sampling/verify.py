@@ -1,8 +1,10 @@
 """Standard chain verification (SPEC "Standard step", steps 2-4).
 
 Draft token x_i is accepted with probability min(1, q_i(x_i)/p_i(x_i)), in order, stopping at
-the first rejection. With quantised counts this is an exact integer Bernoulli. At temperature 0
-both counts are one-hot, so acceptance is exact argmax agreement and no randomness is drawn.
+the first rejection. q is the float64 distribution the cloud decides with (the target's own q,
+or the rounded q̂ of a method that must ship it) and p the draft's exactly reported p̃(x_i); the
+test is one float uniform (`wanspec.sampling.draws.bernoulli`). At temperature 0 both are
+one-hot, so acceptance is exact argmax agreement and no randomness is drawn.
 """
 
 from __future__ import annotations
@@ -11,35 +13,35 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from wanspec.sampling.quant import Counts, bernoulli
+from wanspec.sampling.draws import Rng, bernoulli
 
 
-def accept_token(target_count: int, draft_count: int, rng: np.random.Generator) -> bool:
+def accept_token(target_prob: float, draft_prob: float, rng: Rng) -> bool:
     """Accept a drafted token with probability min(1, q(x)/p(x))."""
-    if draft_count <= 0:
+    if not draft_prob > 0:
         raise ValueError("a drafted token must have positive draft probability")
-    return bernoulli(int(target_count), int(draft_count), rng)
+    return bernoulli(float(target_prob), float(draft_prob), rng)
 
 
 def verify_chain(
     tokens: Sequence[int],
-    draft_counts: Sequence[int],
-    target_dists: Sequence[Counts],
-    rng: np.random.Generator,
+    draft_probs: Sequence[float],
+    target_dists: Sequence[np.ndarray],
+    rng: Rng,
     *,
     unverified: Sequence[bool] | None = None,
 ) -> int:
     """Number of leading draft tokens accepted.
 
     `target_dists[i]` is q_i, the target distribution at the position of tokens[i] (there may be
-    one more, for the bonus). `unverified[i]` marks tokens accepted without a test (U-HLM's lossy
-    skip of confident tokens).
+    one more, for the bonus), `draft_probs[i]` = p_i(x_i), both probabilities (or both weights
+    on one scale). `unverified[i]` marks tokens accepted without a test (U-HLM's lossy skip).
     """
-    if len(draft_counts) != len(tokens) or len(target_dists) < len(tokens):
-        raise ValueError("tokens, draft_counts and target_dists do not line up")
-    for i, (token, draft_count) in enumerate(zip(tokens, draft_counts, strict=True)):
+    if len(draft_probs) != len(tokens) or len(target_dists) < len(tokens):
+        raise ValueError("tokens, draft_probs and target_dists do not line up")
+    for i, (token, draft_prob) in enumerate(zip(tokens, draft_probs, strict=True)):
         if unverified is not None and unverified[i]:
             continue
-        if not accept_token(int(target_dists[i][token]), int(draft_count), rng):
+        if not accept_token(target_dists[i][token], draft_prob, rng):
             return i
     return len(tokens)

@@ -11,9 +11,10 @@ accepts and `Limits.with_vocab(V)` adds the per-connection token-id bound.
 Costs (v(x) = bytes of the LEB128 varint of x; a frame with an L-byte payload is 2 + v(L) + L):
 - Draft, γ tokens, probs, nothing committed: L = v(round) + v(base) + v(4γ+1) + Σ v(x_i) + 2γ.
 - VerifyResult: L = v(round) + v(accepted) + 1 (presence flags) + each present field:
-  token v(id); dist v(W) + min(dense, sparse) with dense = 1 + 2W and
-  sparse = v(n+1) + Σ v(id_k − id_{k−1} − 1) + 2n (id_0 = −1); theta_o 2; o_token v(id);
-  candidates v(K) + Σ v(y_k) + 2K; pieces v(n−1) + Σ (v(gap) + v(len) + len).
+  token v(id); dist v(W) + 1 (precision) + min(dense, sparse) with, over the n non-zero
+  counts c_k, dense = 1 + (W − n) + Σ v(c_k) and sparse = v(n+1) + Σ v(id_k − id_{k−1} − 1) +
+  Σ v(c_k) (id_0 = −1); theta_o v(θ); o_token v(id); candidates v(K) + Σ v(y_k) + 8K (q(y)
+  as float64); pieces v(n−1) + Σ (v(gap) + v(len) + len).
 - Tokens: L = v(2n + finished) + Σ v(id).
 """
 

@@ -1,8 +1,12 @@
 """Frames: encode / decode one message, count its bits, and split a byte stream into messages.
 
 Frame = [0xA0 | WIRE_VERSION] [type] [varint payload length] [payload]. Payloads are hand-packed
-(varints, uint16 counts, float16 arrays); only control messages carry JSON (settings). Encodings
-are canonical: a frame that decodes re-encodes to the very same bytes.
+(varints, uint16 draft probs, varint distribution counts, float64 SR-DV probabilities, float16
+arrays); only control messages carry JSON (settings). Encodings are canonical: a frame that
+decodes re-encodes to the very same bytes.
+
+Version 3: a distribution carries its precision (16, 24 or 32 bits) and varint counts, theta_o
+is a varint at that precision, SR-DV candidates carry q(y) as float64.
 """
 
 from __future__ import annotations
@@ -18,8 +22,8 @@ from wanspec.wire._bytes import Reader, Writer, unzigzag, varint_size, varint_si
 from wanspec.wire.errors import FrameTooLarge, WireError
 from wanspec.wire.messages import (
     DEFAULT_LIMITS,
+    DIST_BITS,
     MAX_RESUME_PREFIX,
-    PROB_SCALE,
     Auth,
     Candidates,
     CandidatesRequest,
@@ -41,10 +45,11 @@ from wanspec.wire.messages import (
     StartRequest,
     Tokens,
     VerifyResult,
+    dist_scale,
 )
 from wanspec.wire.validate import U63, settings_json, validate
 
-WIRE_VERSION = 2
+WIRE_VERSION = 3
 _MAGIC = 0xA0  # high nibble of the first byte; the low nibble is the version
 
 
@@ -110,40 +115,48 @@ def _get_settings(r: Reader, limits: Limits) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- distributions
 def sparse_size(dist: Dist) -> int:
-    """Bytes of a distribution body in sparse form: tag, id gaps, uint16 counts."""
+    """Bytes of a distribution body in sparse form (after its precision byte): tag, id gaps,
+    varint counts."""
     gaps = np.diff(dist.ids, prepend=-1) - 1
-    return varint_size(len(dist.ids) + 1) + int(varint_sizes(gaps).sum()) + 2 * len(dist.ids)
+    counts = int(varint_sizes(dist.counts).sum())
+    return varint_size(len(dist.ids) + 1) + int(varint_sizes(gaps).sum()) + counts
 
 
 def dense_size(dist: Dist) -> int:
-    """Bytes of a distribution body in dense form: tag 0, then uint16 × width."""
-    return 1 + 2 * dist.width
+    """Bytes of a distribution body in dense form (after its precision byte): tag 0, then one
+    varint count per id (a zero is one byte)."""
+    return 1 + (dist.width - len(dist.ids)) + int(varint_sizes(dist.counts).sum())
 
 
 def _put_dist_body(w: Writer, dist: Dist) -> None:
+    w.buf.append(dist.bits)
     if sparse_size(dist) < dense_size(dist):
         w.varint(len(dist.ids) + 1)
         gaps = np.diff(dist.ids, prepend=-1) - 1
         w.varints(gaps)
-        w.u16s(dist.counts)
+        w.varints(dist.counts)
     else:
         w.varint(0)
-        w.u16s(dist.to_dense())
+        w.varints(dist.to_dense())
 
 
 def _get_dist_body(r: Reader, width: int, what: str) -> Dist:
-    tag = r.varint(f"{what} tag", min(width, PROB_SCALE) + 1)
+    bits = r.byte(f"{what} precision")
+    if bits not in DIST_BITS:
+        raise WireError(f"{what}: precision of {bits} bits, must be one of {DIST_BITS}")
+    scale = dist_scale(bits)
+    tag = r.varint(f"{what} tag", min(width, scale) + 1)
     if tag == 0:
-        dist = Dist.from_dense(r.u16s(width, what))
+        dist = Dist.from_dense(r.varints(width, what, scale), bits)
         sparse = sparse_size(dist) < dense_size(dist)
     else:
         n = tag - 1
-        r.need(3 * n, what)  # at least one gap byte and two count bytes per entry
+        r.need(2 * n, what)  # at least one gap byte and one count byte per entry
         ids = _get_increasing(r, n, f"{what} ids", width)
-        counts = r.u16s(n, f"{what} counts")
+        counts = r.varints(n, f"{what} counts", scale)
         if np.any(counts == 0):
             raise WireError(f"{what}: sparse entry with count 0")
-        dist = Dist(width, ids, counts)
+        dist = Dist(width, ids, counts, bits)
         sparse = sparse_size(dist) < dense_size(dist)
     if sparse != (tag != 0):
         raise WireError(f"{what}: not in its smaller (canonical) encoding")
@@ -340,16 +353,17 @@ def _dec_hidden(r: Reader, limits: Limits) -> HiddenStates:
 _TOKEN, _DIST, _THETA, _OTOKEN, _CANDS, _PIECES, _TRUNC, _FINISHED = (1 << k for k in range(8))
 
 
-def _put_candidates(w: Writer, cands: Sequence[tuple[int, int]]) -> None:
+def _put_candidates(w: Writer, cands: Sequence[tuple[int, float]]) -> None:
     w.varint(len(cands))
     _put_ids(w, [c for c, _ in cands])
-    _put_u16s(w, [q for _, q in cands])
+    w.raw(struct.pack(f"<{len(cands)}d", *(q for _, q in cands)))
 
 
-def _get_candidates(r: Reader, limits: Limits) -> tuple[tuple[int, int], ...]:
-    n = r.count("candidate count", limits.max_candidates, 3)
+def _get_candidates(r: Reader, limits: Limits) -> tuple[tuple[int, float], ...]:
+    n = r.count("candidate count", limits.max_candidates, 9)
     ids = _get_ids(r, n, "candidate ids", limits)
-    return tuple(zip(ids, _get_u16s(r, n, "candidate counts"), strict=True))
+    probs = struct.unpack(f"<{n}d", r.raw(8 * n, "candidate probabilities"))
+    return tuple(zip(ids, probs, strict=True))
 
 
 def _put_pieces(w: Writer, pieces: Sequence[tuple[int, str]]) -> None:
@@ -375,7 +389,7 @@ def _enc_verify(w: Writer, m: VerifyResult) -> None:
     if m.dist is not None:
         _put_dist(w, m.dist)
     if m.theta_o is not None:
-        _put_u16s(w, [m.theta_o])
+        w.varint(m.theta_o)
     if m.o_token is not None:
         w.varint(m.o_token)
     if m.candidates is not None:
@@ -392,7 +406,7 @@ def _dec_verify(r: Reader, limits: Limits) -> VerifyResult:
     bound = limits.id_bound - 1
     token = r.varint("token", bound) if flags & _TOKEN else None
     dist = _get_dist(r, limits, "dist") if flags & _DIST else None
-    theta_o = _get_u16s(r, 1, "theta_o")[0] if flags & _THETA else None
+    theta_o = r.varint("theta_o", dist_scale(max(DIST_BITS))) if flags & _THETA else None
     o_token = r.varint("o_token", bound) if flags & _OTOKEN else None
     cands = _get_candidates(r, limits) if flags & _CANDS else None
     pieces: tuple[tuple[int, str], ...] = ()

@@ -6,8 +6,10 @@ array; both are read-only copies with value equality. Constructors only normalis
 tuples, numpy ints to ints, arrays to read-only copies); range and consistency checks happen in
 `wanspec.wire.validate`, which `encode` and `decode` both run.
 
-All ids are target-vocabulary ids. Counts are quantised probabilities: integers in [0, 65535]
-where a complete distribution sums to exactly `PROB_SCALE` (see docs/ARCHITECTURE.md).
+All ids are target-vocabulary ids. Counts are quantised probabilities: a `Dist` of `bits` bits
+(16, 24 or 32) holds integers in [0, 2^bits − 1] and a complete one sums to exactly 2^bits − 1;
+a draft's p(x) is 16-bit (`PROB_SCALE`); SR-DV's q(y) travel as float64 (see
+docs/ARCHITECTURE.md, "Quantised probabilities").
 """
 
 from __future__ import annotations
@@ -23,7 +25,13 @@ import numpy as np
 
 from wanspec.wire.errors import WireError
 
-PROB_SCALE = 65535  # the total of a complete quantised distribution (= wanspec.sampling.quant's)
+PROB_SCALE = 65535  # the total of a complete 16-bit distribution (= wanspec.sampling.quant's)
+DIST_BITS = (16, 24, 32)  # precisions a Dist may have (= wanspec.sampling.quant.Q_BITS)
+
+
+def dist_scale(bits: int) -> int:
+    """The total of a complete `bits`-bit distribution."""
+    return (1 << bits) - 1
 
 
 @dataclass(frozen=True)
@@ -77,11 +85,16 @@ def _ints(values: Iterable[Any], what: str) -> tuple[int, ...]:
     return tuple(_index(v, what) for v in values)
 
 
-def _pairs(values: Iterable[Any], what: str) -> tuple[tuple[int, int], ...]:
+def _candidate_pairs(values: Iterable[Any], what: str) -> tuple[tuple[int, float], ...]:
+    """(id, q(id)) pairs: an integer id and a real probability, kept as a float64."""
     try:
-        return tuple((_index(a, what), _index(b, what)) for a, b in values)
+        out = tuple((_index(a, what), b) for a, b in values)
     except (TypeError, ValueError) as exc:
-        raise WireError(f"{what} must be (id, count) pairs") from exc
+        raise WireError(f"{what} must be (id, probability) pairs") from exc
+    real = (int, float, np.floating, np.integer)
+    if not all(isinstance(q, real) and not isinstance(q, bool) for _, q in out):
+        raise WireError(f"{what} must be (id, probability) pairs")
+    return tuple((tid, float(q)) for tid, q in out)
 
 
 def _pieces(values: Iterable[Any]) -> tuple[tuple[int, str], ...]:
@@ -115,17 +128,20 @@ def _set(obj: object, name: str, value: Any) -> None:
 class Dist:
     """A (possibly partial) quantised distribution over `width` ids, stored sparse.
 
-    `ids` (strictly increasing) and `counts` (each in 1..65535, total ≤ 65535) list the non-zero
-    entries; zero counts given to the constructor are dropped. The codec picks the smaller of the
-    dense (uint16 × width) and sparse (delta-varint ids + uint16 counts) encodings.
+    `ids` (strictly increasing) and `counts` (each in 1..2^bits − 1, total ≤ 2^bits − 1) list the
+    non-zero entries; zero counts given to the constructor are dropped. Counts travel as varints
+    (small tail counts take one byte whatever the precision); the codec picks the smaller of the
+    dense (a varint per id) and sparse (delta-varint ids + varint counts) encodings.
     """
 
     width: int
     ids: np.ndarray
     counts: np.ndarray
+    bits: int = 16
 
     def __post_init__(self) -> None:
         _set(self, "width", _index(self.width, "dist width"))
+        _set(self, "bits", _index(self.bits, "dist bits"))
         ids, counts = _int_array(self.ids, "dist ids"), _int_array(self.counts, "dist counts")
         if ids.shape != counts.shape:
             raise WireError(f"dist has {len(ids)} ids but {len(counts)} counts")
@@ -134,13 +150,13 @@ class Dist:
         _set(self, "counts", _readonly(counts[keep]))
 
     @classmethod
-    def from_dense(cls, counts: np.ndarray) -> Dist:
+    def from_dense(cls, counts: np.ndarray, bits: int = 16) -> Dist:
         """From a width-V count array (e.g. the output of `wanspec.sampling.quant`)."""
         dense = np.asarray(counts)
         if dense.ndim != 1 or dense.dtype.kind not in "iu":
             raise WireError(f"dense dist must be a 1-D int array, got {dense.dtype}{dense.shape}")
         ids = np.flatnonzero(dense)
-        return cls(len(dense), ids, dense[ids])
+        return cls(len(dense), ids, dense[ids], bits)
 
     def to_dense(self) -> np.ndarray:
         """The width-V int64 count array."""
@@ -152,17 +168,23 @@ class Dist:
     def total(self) -> int:
         return int(self.counts.sum())
 
+    @property
+    def scale(self) -> int:
+        """The total of a complete distribution at this precision."""
+        return dist_scale(self.bits)
+
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, Dist):
             return NotImplemented
         return (
             self.width == other.width
+            and self.bits == other.bits
             and np.array_equal(self.ids, other.ids)
             and np.array_equal(self.counts, other.counts)
         )
 
     def __hash__(self) -> int:
-        return hash((self.width, self.ids.tobytes(), self.counts.tobytes()))
+        return hash((self.width, self.bits, self.ids.tobytes(), self.counts.tobytes()))
 
 
 # ----------------------------------------------------------------------------- control
@@ -361,10 +383,10 @@ class VerifyResult:
     accepted: number of leading draft tokens accepted.
     token: a token the cloud chose (bonus after full acceptance, replacement, GR's argmax).
     dist: q at the first rejected position (Naive: complete; HR: restricted to C; TR/top-mass:
-      truncated) or q_{γ+1}. Unless `truncated`, dist.total + (theta_o or 0) == 65535.
-    theta_o: HR's count of q's mass on the LLM-only region O.
+      truncated) or q_{γ+1}. Unless `truncated`, dist.total + (theta_o or 0) == dist.scale.
+    theta_o: HR's count of q's mass on the LLM-only region O, at the dist's precision.
     o_token: HR's pre-drawn sample of q restricted to O (its piece must be in `pieces`).
-    candidates: SR-DV's K (id, count q(id)) samples of q, in draw order.
+    candidates: SR-DV's K (id, q(id)) samples of q in draw order, q(id) a float64 in (0, 1].
     pieces: (id, vocabulary piece) for LLM-only ids named above, ids strictly increasing.
     truncated: dist is a lossy truncation (TR, top-mass). finished: generation is over.
     """
@@ -375,7 +397,7 @@ class VerifyResult:
     dist: Dist | None = None
     theta_o: int | None = None
     o_token: int | None = None
-    candidates: tuple[tuple[int, int], ...] | None = None
+    candidates: tuple[tuple[int, float], ...] | None = None
     pieces: tuple[tuple[int, str], ...] = ()
     truncated: bool = False
     finished: bool = False
@@ -387,7 +409,7 @@ class VerifyResult:
         _set(self, "theta_o", _opt_index(self.theta_o, "theta_o"))
         _set(self, "o_token", _opt_index(self.o_token, "o_token"))
         if self.candidates is not None:
-            _set(self, "candidates", _pairs(self.candidates, "candidates"))
+            _set(self, "candidates", _candidate_pairs(self.candidates, "candidates"))
         _set(self, "pieces", _pieces(self.pieces))
         _set(self, "truncated", bool(self.truncated))
         _set(self, "finished", bool(self.finished))
@@ -407,15 +429,15 @@ class CandidatesRequest:
 
 @dataclass(frozen=True)
 class Candidates:
-    """Cloud → edge (SR-DV): more (id, count) samples of q for this round, pieces for O ids."""
+    """Cloud → edge (SR-DV): more (id, q(id)) samples of q for this round, pieces for O ids."""
 
     round: int
-    candidates: tuple[tuple[int, int], ...]
+    candidates: tuple[tuple[int, float], ...]
     pieces: tuple[tuple[int, str], ...] = ()
 
     def __post_init__(self) -> None:
         _set(self, "round", _index(self.round, "round"))
-        _set(self, "candidates", _pairs(self.candidates, "candidates"))
+        _set(self, "candidates", _candidate_pairs(self.candidates, "candidates"))
         _set(self, "pieces", _pieces(self.pieces))
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ import numpy as np
 from wanspec.wire.errors import WireError
 from wanspec.wire.messages import (
     DEFAULT_LIMITS,
+    DIST_BITS,
     MAX_RESUME_PREFIX,
     PROB_SCALE,
     Auth,
@@ -52,10 +54,10 @@ def check_ids(ids: Sequence[int], what: str, limits: Limits, max_len: int | None
             raise WireError(f"{what}: token id {tid} outside the vocabulary [0, {bound})")
 
 
-def check_counts(counts: Sequence[int], what: str, low: int = 0) -> None:
+def check_counts(counts: Sequence[int], what: str, low: int = 0, high: int = PROB_SCALE) -> None:
     for c in counts:
-        if not low <= c <= PROB_SCALE:
-            raise WireError(f"{what}: count {c} outside [{low}, {PROB_SCALE}]")
+        if not low <= c <= high:
+            raise WireError(f"{what}: count {c} outside [{low}, {high}]")
 
 
 def check_positions(positions: Sequence[int], n: int, what: str) -> None:
@@ -107,24 +109,27 @@ def check_dist(dist: Dist, what: str, limits: Limits, complete: bool) -> None:
     if not isinstance(dist, Dist):
         raise WireError(f"{what} must be a Dist, got {type(dist).__name__}")
     check_uint(dist.width, f"{what} width", min(limits.max_width, limits.id_bound), low=1)
-    ids, counts = dist.ids, dist.counts
+    if dist.bits not in DIST_BITS:
+        raise WireError(f"{what}: precision of {dist.bits} bits, must be one of {DIST_BITS}")
+    ids, counts, scale = dist.ids, dist.counts, dist.scale
     if len(ids) and (ids[0] < 0 or ids[-1] >= dist.width or np.any(np.diff(ids) <= 0)):
         raise WireError(f"{what}: ids must be strictly increasing in [0, {dist.width})")
-    if len(counts) and (counts.min() < 1 or counts.max() > PROB_SCALE):
-        raise WireError(f"{what}: counts must lie in [1, {PROB_SCALE}]")
+    if len(counts) and (counts.min() < 1 or counts.max() > scale):
+        raise WireError(f"{what}: counts must lie in [1, {scale}]")
     total = dist.total
-    if total > PROB_SCALE or (complete and total != PROB_SCALE):
+    if total > scale or (complete and total != scale):
         need = "==" if complete else "<="
-        raise WireError(f"{what}: counts sum to {total}, need {need} {PROB_SCALE}")
+        raise WireError(f"{what}: counts sum to {total}, need {need} {scale}")
 
 
-def check_candidates(cands: Sequence[tuple[int, int]], limits: Limits) -> None:
+def check_candidates(cands: Sequence[tuple[int, float]], limits: Limits) -> None:
     check_ids([c for c, _ in cands], "candidates", limits, limits.max_candidates)
-    check_counts([q for _, q in cands], "candidates", low=1)
-    seen: dict[int, int] = {}
+    seen: dict[int, float] = {}
     for tid, q in cands:
+        if not (isinstance(q, float) and math.isfinite(q) and 0.0 < q <= 1.0):
+            raise WireError(f"candidate {tid}: probability {q!r} outside (0, 1]")
         if seen.setdefault(tid, q) != q:
-            raise WireError(f"candidate {tid} listed with counts {seen[tid]} and {q}")
+            raise WireError(f"candidate {tid} listed with probabilities {seen[tid]} and {q}")
 
 
 def check_pieces(pieces: Sequence[tuple[int, str]], named: set[int], limits: Limits) -> None:
@@ -226,12 +231,13 @@ def _verify(m: VerifyResult, limits: Limits) -> None:
     named = {t for t in (m.token, m.o_token) if t is not None}
     check_ids(sorted(named), "token/o_token", limits)
     if m.theta_o is not None:
-        check_counts([m.theta_o], "theta_o")
+        scale = m.dist.scale if isinstance(m.dist, Dist) else PROB_SCALE
+        check_counts([m.theta_o], "theta_o", high=scale)
     if m.dist is not None:
         check_dist(m.dist, "dist", limits, complete=False)
-        mass = m.dist.total + (m.theta_o or 0)
-        if mass > PROB_SCALE or (not m.truncated and mass != PROB_SCALE):
-            raise WireError(f"dist total + theta_o = {mass}, must be {PROB_SCALE} unless truncated")
+        mass, scale = m.dist.total + (m.theta_o or 0), m.dist.scale
+        if mass > scale or (not m.truncated and mass != scale):
+            raise WireError(f"dist total + theta_o = {mass}, must be {scale} unless truncated")
     elif m.truncated:
         raise WireError("truncated is set but no dist is present")
     if m.candidates is not None:
