@@ -142,6 +142,23 @@ def _pipeline_stats(edge: Any, sim: SimResult) -> dict[str, Any]:
     }
 
 
+SAMPLING_SETTINGS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")
+
+
+def _model_sampling(pair: Any, settings: dict[str, Any]) -> dict[str, Any]:
+    """`settings`, or, when they name no sampling setting at all, the target's own sampling:
+    what `model.generate(ids)` does with its `generation_config` (greedy unless it samples)."""
+    if any(name in settings for name in SAMPLING_SETTINGS):
+        return settings
+    model = getattr(getattr(pair, "target", None), "model", None)
+    config = getattr(model, "generation_config", None)
+    if config is None:
+        return settings
+    from wanspec.models.generation import sampling_defaults
+
+    return {**sampling_defaults(config), **settings}
+
+
 def _tree_seconds(profile: str | Profile) -> Any:
     """T_tree(B) of the edge profile for AceSpec's budget, or None where the profile prices
     only what it measures (then the budget is B_max)."""
@@ -184,7 +201,7 @@ def generate(
     the system's CAs.
     """
     info = get_method(method)
-    gen = GenerationSettings(**settings)
+    gen = GenerationSettings(**_model_sampling(pair, settings))
     if server is not None:
         remote = {"token": token, "tls_ca": tls_ca, "target_tokenizer": target_tokenizer}
         return _generate_remote(pair, prompt, info.name, gen, server, **remote)
@@ -199,6 +216,7 @@ def generate(
         target_encode=pair.target_encode,
         target_model=pair.target.fingerprint,
         tree_seconds=_tree_seconds(edge_profile),
+        target_tokenizer=pair.target.tokenizer,
     )
     cloud = make_cloud(pair.cloud_info)
     edge_model = pair.target if info.family == "split" else pair.draft  # split: target's layers

@@ -84,10 +84,15 @@ class EdgeMachine(Machine):
         fingerprints: Fingerprints,
         decode: Callable[[list[int]], str],
         prompt_ids: Sequence[int] = (),
+        target_tokenizer: Any = None,
+        stop_context: Sequence[int] = (),
     ) -> None:
         super().__init__(state)
         self.method, self.prompt, self.settings = method, prompt, settings
         self.fingerprints, self.decode, self.prompt_ids = fingerprints, decode, list(prompt_ids)
+        # Stop strings are matched as transformers' StopStringCriteria matches them when the
+        # target's tokenizer is at hand, over the prompt's target ids and the output.
+        self.target_tokenizer, self.stop_context = target_tokenizer, list(stop_context)
         self.stopper: StopChecker | None = None
         self.accepted_per_round: list[int] = []
 
@@ -133,6 +138,8 @@ class EdgeMachine(Machine):
             eos_ids=tuple(int(t) for t in eos),
             stop=self.settings.stop,
             decode=self.decode,
+            tokenizer=self.target_tokenizer,
+            context=self.stop_context,
         )
         return []
 

@@ -199,10 +199,13 @@ def make_edge(
     target_encode: Callable[[str], list[int]] | None = None,
     target_model: str = "",
     tree_seconds: Callable[[int], float] | None = None,
+    target_tokenizer: Any = None,
 ) -> EdgeMachine:
     """The edge machine of one request. It needs no model: its jobs run on the driver's
     executor (the draft model; for `split`, the target's embedding layer). `tree_seconds(B)`
-    prices one tree pass of B tips on this edge (AceSpec's budget; None: always B_max)."""
+    prices one tree pass of B tips on this edge (AceSpec's budget; None: always B_max).
+    `target_tokenizer` (transformers) makes stop strings match as transformers' criteria do,
+    special tokens and matches across the prompt/output boundary included."""
     info = get_method(method)
     if info.shared_vocab_only and not alignment.is_identity:
         raise ValueError(
@@ -215,6 +218,8 @@ def make_edge(
         settings=settings,
         fingerprints=edge_fingerprints(alignment, target_model),
         decode=target_decode,
+        target_tokenizer=target_tokenizer,
+        stop_context=target_encode(prompt) if (settings.stop and target_encode) else (),
     )
     if info.family == "ar":
         return ArEdge(**common)
@@ -333,5 +338,6 @@ def build_machines(
         target_decode=target_decode,
         target_encode=target_encode,
         target_model=target_lm.fingerprint,
+        target_tokenizer=getattr(target_lm, "tokenizer", None),
     )
     return edge, make_cloud(target_info(target_lm, target_encode, (alignment,)))
