@@ -54,3 +54,51 @@ def cuttable_link(pair: wanspec.Pair, grace_s: float) -> Iterator[CuttableLink]:
         finally:
             wan.run(link.proxy.stop(), 10)
             cloud.run(server.stop(), 30)
+
+
+class DroppingRelay:
+    """A plain TCP relay that, once, drops a connection at the moment the server's `nth` chunk
+    of bytes reaches it, without forwarding that chunk: what the server sent last is lost with
+    the connection, so a resumed session must replay it. Later connections are relayed as they
+    are. Runs on the caller's event loop."""
+
+    def __init__(self, upstream: tuple[str, int], nth: int) -> None:
+        self.upstream, self.nth = upstream, nth
+        self.dropped = False
+        self._server: asyncio.Server | None = None
+
+    async def __aenter__(self) -> str:
+        self._server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        return f"127.0.0.1:{self._server.sockets[0].getsockname()[1]}"
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._server is not None
+        self._server.close()
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
+        dropping = not self.dropped
+        pumps = [
+            self._pump(reader, up_writer, None),
+            self._pump(up_reader, writer, self.nth if dropping else None),
+        ]
+        tasks = [asyncio.create_task(pump) for pump in pumps]
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+        for w in (writer, up_writer):  # either side's end (or the drop) ends both
+            w.transport.abort()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _pump(
+        self, source: asyncio.StreamReader, sink: asyncio.StreamWriter, drop_at: int | None
+    ) -> None:
+        chunks = 0
+        while data := await source.read(1 << 16):
+            chunks += 1
+            if drop_at is not None and chunks == drop_at and not self.dropped:
+                self.dropped = True
+                raise ConnectionAbortedError("dropped by the test")
+            sink.write(data)
+            await sink.drain()
+        raise ConnectionAbortedError("one side closed")

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 import wanspec
-from cuttable import CuttableLink, cuttable_link
+from cuttable import CuttableLink, DroppingRelay, cuttable_link
 from nethelpers import run, socket_pair
 from wanspec import wire
 from wanspec.net.client import (
@@ -190,3 +190,23 @@ def test_past_the_grace_period_a_fresh_session_continues_with_the_same_greedy_te
     assert [t for batch in batches for t in batch] == expected
     records = list(forgetful.server.records)
     assert any("grace period" in r.outcome for r in records)
+
+
+@pytest.mark.parametrize("nth", [3, 6])
+def test_what_the_cloud_sent_into_a_dropped_connection_is_replayed(
+    pair: wanspec.Pair, patient: CuttableLink, nth: int
+) -> None:
+    settings = GenerationSettings(max_new_tokens=NEW, temperature=0.9, seed=11)
+    expected = _uninterrupted(pair, patient, settings)
+
+    async def scenario() -> tuple[ResumableRun, bool]:
+        relay = DroppingRelay(patient.server.address, nth)
+        async with relay as address:
+            edge = RemotePair.of_pair(pair)
+            run = await generate_resumable(edge, PROMPT, "naive", settings, address, OPTIONS)
+        return run, relay.dropped
+
+    run, dropped = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert dropped  # the server's nth chunk was lost with its connection
+    assert run.reconnects == 1 and run.restarts == 0
+    assert run.tokens == expected
