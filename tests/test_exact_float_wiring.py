@@ -43,6 +43,7 @@ def test_a_stop_string_across_the_prompt_boundary_stops_where_transformers_does(
     res = wanspec.generate(pair, PROMPT, method, max_new_tokens=12, temperature=0, stop=[stop])
     assert res.token_ids == reference == [first]
     assert res.stats["finish_reason"] == "stop"
+    assert res.stats["tv_bound"] == 0.0  # every method reports it; a one-hot q rounds exactly
 
 
 def test_the_edge_matches_stop_strings_with_the_target_tokenizer_and_prompt(pair) -> None:

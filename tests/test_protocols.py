@@ -335,7 +335,8 @@ def test_edge_ends_cleanly_on_a_reply_for_the_wrong_round(shared_world: World) -
     edge, _ = shared_world.machines("xcosd", max_new_tokens=4)
     actions = edge.handle(Start())
     fp = edge.fingerprints
-    ack = wire.HelloAck(2, fp.target_model, fp.target_tokenizer, {"eos_token_ids": []})
+    info = {"eos_token_ids": []}
+    ack = wire.HelloAck(wire.WIRE_VERSION, fp.target_model, fp.target_tokenizer, info)
     edge.handle(MessageReceived(ack))
     run = session_executor(shared_world.draft)
     while not any(isinstance(a, Send) and isinstance(a.msg, wire.Draft) for a in actions):

@@ -123,6 +123,7 @@ def _stats(method: str, sim: SimResult, edge: Any, cloud: Any) -> dict[str, Any]
         stats["acceptance_rate"] = sum(per_round) / drafted
     counters = {**getattr(cloud, "counters", {}), **getattr(edge, "counters", {})}
     stats.update(counters)
+    stats.setdefault("tv_bound", 0.0)  # AR and split sample the float q: no q is rounded
     stats.update(_pipeline_stats(edge, sim))
     return stats
 
