@@ -40,9 +40,11 @@ class CuttableLink:
 
 
 @contextmanager
-def cuttable_link(pair: wanspec.Pair, grace_s: float) -> Iterator[CuttableLink]:
+def cuttable_link(
+    pair: wanspec.Pair, grace_s: float, max_sessions: int = 8
+) -> Iterator[CuttableLink]:
     """A server for `pair`'s target keeping dropped sessions `grace_s`, behind a proxy."""
-    limits = ServerLimits(resume_grace_s=grace_s)
+    limits = ServerLimits(resume_grace_s=grace_s, max_sessions=max_sessions)
     with BackgroundLoop("cloud") as cloud, BackgroundLoop("wan") as wan:
         server = CloudServer(pair.target, pair.cloud_info, port=0, limits=limits)
         cloud.run(server.start())

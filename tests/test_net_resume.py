@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -210,3 +211,18 @@ def test_what_the_cloud_sent_into_a_dropped_connection_is_replayed(
     assert dropped  # the server's nth chunk was lost with its connection
     assert run.reconnects == 1 and run.restarts == 0
     assert run.tokens == expected
+
+
+def test_a_full_server_still_takes_back_the_edge_of_a_session_it_holds(
+    pair: wanspec.Pair,
+) -> None:
+    settings = GenerationSettings(max_new_tokens=NEW, temperature=0.0)
+    with cuttable_link(pair, grace_s=20.0, max_sessions=1) as link:
+        expected = _uninterrupted(pair, link, settings)
+        deadline = time.monotonic() + 10
+        while link.server.active:  # the finished session's slot is free again
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        run, _ = _interrupted(pair, link, settings, outage_s=0.3)
+        assert link.drops
+        assert run.restarts == 0 and run.tokens == expected  # not refused as busy

@@ -43,6 +43,7 @@ from wanspec.net.framing import (
     write_message,
 )
 from wanspec.net.segments import HEADER_BYTES, segments
+from wanspec.protocols.base import ErrorCode
 
 Connector = Callable[[], Awaitable[MessageStream]]
 
@@ -291,6 +292,8 @@ class EdgeStream(ResumableStream):
             reply = await read_message(stream.reader, self.limits)
         if isinstance(reply, wire.Resumed):
             return reply.received
+        if isinstance(reply, wire.Error) and reply.code == ErrorCode.BUSY:
+            raise TimeoutError(reply.message)  # no room just now: try again after a while
         if isinstance(reply, wire.Error):
             raise SessionLost(f"the cloud cannot resume the session: {reply.message}")
         raise SessionLost(f"the cloud answered Resume with {type(reply).__name__}")
