@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from wanspec.models.tiny import FAMILIES, make_tiny_model, make_tiny_pair
+from worlds import World
 
 
 @pytest.fixture(scope="session")
@@ -38,3 +39,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "veryslow" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def shared_world() -> World:
+    """Synthetic draft and target over one byte-level tokenizer (tests/worlds.py)."""
+    return World(shared=True)
+
+
+@pytest.fixture(scope="session")
+def hetero_world() -> World:
+    """Synthetic draft and target over different real tiny tokenizers (tests/worlds.py)."""
+    return World(shared=False)

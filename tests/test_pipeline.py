@@ -22,17 +22,6 @@ from wanspec.sim import Link, load_profile, simulate
 from wanspec.vocab import VocabAlignment
 from worlds import World
 
-
-@pytest.fixture(scope="module")
-def shared_world() -> World:
-    return World(shared=True)
-
-
-@pytest.fixture(scope="module")
-def hetero_world() -> World:
-    return World(shared=False)
-
-
 TREE_VARIANTS = [
     dict(tree_budget=1),
     dict(tree_budget=4, tree_allocation="uniform", tree_fixed=True),

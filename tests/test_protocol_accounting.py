@@ -25,11 +25,6 @@ HETERO = [name for name in SPECULATIVE if not METHODS[name].shared_vocab_only]
 DRAFTS = (wire.Draft, wire.DraftWithDists)
 
 
-@pytest.fixture(scope="module")
-def hetero_world() -> World:
-    return World(shared=False)
-
-
 def _sent(sim) -> list[tuple[str, object]]:
     return [(rec.side, rec.info["msg"]) for rec in sim.trace if rec.what == "send"]
 

@@ -25,16 +25,6 @@ LOSSLESS_HETERO = [name for name in LOSSLESS if not METHODS[name].shared_vocab_o
 LOSSY = [name for name, m in METHODS.items() if not m.lossless and m.family != "split"]
 
 
-@pytest.fixture(scope="module")
-def shared_world() -> World:
-    return World(shared=True)
-
-
-@pytest.fixture(scope="module")
-def hetero_world() -> World:
-    return World(shared=False)
-
-
 # ----------------------------------------------------------------------------- greedy exactness
 
 
