@@ -28,6 +28,7 @@ from wanspec.net.client import (
     ResumableRun,
     continuation_seed,
     continuation_settings,
+    edge_machine,
     generate_resumable,
 )
 from wanspec.net.framing import MessageStream
@@ -226,3 +227,17 @@ def test_a_full_server_still_takes_back_the_edge_of_a_session_it_holds(
         run, _ = _interrupted(pair, link, settings, outage_s=0.3)
         assert link.drops
         assert run.restarts == 0 and run.tokens == expected  # not refused as busy
+
+
+def test_a_fresh_sessions_stop_rules_look_back_into_the_committed_prefix(
+    pair: wanspec.Pair,
+) -> None:
+    # a stop string may straddle the point where a fresh session took over; the fresh
+    # session's stop rules see the prompt's ids and then the committed ones, as the first
+    # session's saw its own output
+    committed = [5, 6, 7]
+    edge = RemotePair.of_pair(pair).continued(committed)
+    settings = GenerationSettings(stop=("xy",))
+    machine, _ = edge_machine(edge, PROMPT, "naive", settings)
+    assert machine.stop_context == [*pair.target_encode(PROMPT), *committed]
+    assert machine.target_tokenizer is pair.target.tokenizer  # matched as transformers does

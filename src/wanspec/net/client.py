@@ -316,6 +316,7 @@ def edge_machine(
         target_decode=edge.decode,
         target_encode=edge.target_encode,
         target_model=edge.target_model,
+        target_tokenizer=edge.target_tokenizer,  # stop strings match as transformers' do
     )
     return machine, model
 
