@@ -10,7 +10,7 @@ from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
 from wanspec.models.tiny import build_tokenizer
 from wanspec.protocols.registry import make_cloud, make_edge, target_info
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.sampling import PROB_SCALE, target_counts
+from wanspec.sampling import target_probs
 from wanspec.sim import Link, load_profile, simulate
 from wanspec.vocab import VocabAlignment
 
@@ -73,7 +73,7 @@ class World:
         return sim, edge, cloud
 
     def exact_joint(self, n: int, **sampling) -> dict[tuple[int, ...], float]:
-        """The enumerated law of the first n target tokens (quantised q̃, as the target samples)."""
+        """The enumerated law of the first n target tokens (the float q, as the target samples)."""
         params = GenerationSettings(**sampling).sampling
         valid = self.alignment.target_valid
         law: dict[tuple[int, ...], float] = {(): 1.0}
@@ -82,9 +82,9 @@ class World:
             for prefix, mass in law.items():
                 self.target.reset()
                 logits = self.target.extend([*PROMPT_IDS, *prefix])[-1]
-                q = target_counts(logits, params, valid)
+                q = target_probs(logits, params, valid)
                 for token in np.flatnonzero(q):
-                    grown[(*prefix, int(token))] = mass * q[token] / PROB_SCALE
+                    grown[(*prefix, int(token))] = mass * float(q[token])
             law = grown
         return law
 
