@@ -9,6 +9,9 @@ target is then only used for `split`, whose edge runs the target's embedding lay
 `generate_async` / `generate_remote` run one request: connect (TCP, optionally TLS verified
 against the system's or a pinned CA), send the bearer token if one is given, then drive the
 method's edge machine with `wanspec.net.driver.drive`, the draft's jobs on a thread of their own.
+With `ClientOptions(resume=True)` the session survives dropped connections
+(`wanspec.net.resume`); `generate_resumable` also continues on a fresh session, from the
+committed tokens, when the server no longer holds the old one.
 """
 
 from __future__ import annotations
