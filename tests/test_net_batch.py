@@ -133,7 +133,7 @@ def test_a_slow_edge_does_not_hold_back_the_others_rounds(
     pair: wanspec.Pair, server: CloudServer
 ) -> None:
     """The fast edges' rounds with a 10 kbit/s edge beside them stay within one batch of their
-    rounds without it (bounded here as 2× plus 50 ms, for a shared machine) and far below the
+    rounds without it (bounded here as 2.5× plus 100 ms, for a shared machine) and far below the
     slow edge's own rounds (over 500 ms: RTT plus each frame's serialisation at 10 kbit/s),
     which a server that waited for every open session to fill its batch would impose on all."""
     fast = [_session(i, 0.9) for i in range(FAST_EDGES)]
@@ -153,7 +153,7 @@ def test_a_slow_edge_does_not_hold_back_the_others_rounds(
     runs, slow_run = run(beside_a_slow_edge(), timeout_s=120)
     slow_round, fast_round = _per_round_s([slow_run]), _per_round_s(runs)
     assert slow_round > 0.5  # the slow edge really is slow
-    assert fast_round <= min(2 * baseline + 0.05, slow_round / 2), (
+    assert fast_round <= min(2.5 * baseline + 0.1, slow_round / 2), (
         baseline,
         fast_round,
         slow_round,
