@@ -20,9 +20,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 import wanspec
 from nethelpers import run
+from test_net_batch import serving
 from test_net_cli import Served
 from wanspec import wire
-from wanspec.net.background import BackgroundLoop
 from wanspec.net.client import RemotePair, RemoteRun, generate_async
 from wanspec.net.framing import read_message, write_message
 from wanspec.net.metrics import ServerMetrics, outcome_kind
@@ -41,13 +41,8 @@ def pair(tiny_pair_hetero: tuple[Path, Path]) -> wanspec.Pair:
 
 @pytest.fixture(scope="module")
 def server(pair: wanspec.Pair) -> Iterator[CloudServer]:
-    with BackgroundLoop("wanspec-cloud") as cloud:
-        server = CloudServer(pair.target, pair.cloud_info, port=0)
-        cloud.run(server.start())
-        try:
-            yield server
-        finally:
-            cloud.run(server.stop(), 30)
+    with serving(pair) as cloud:
+        yield cloud
 
 
 @pytest.fixture(scope="module")
