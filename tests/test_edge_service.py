@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 import time
 import urllib.error
@@ -261,6 +262,22 @@ def test_malformed_json_and_the_openai_clients_own_errors(
         client.completions.create(model=model_id, prompt="x", max_tokens=-1)
     with pytest.raises(openai.NotFoundError):
         client.completions.create(model="no-such-model", prompt="x")
+
+
+def test_an_unreachable_cloud_is_a_503_and_an_error_event_in_a_stream(
+    pair: wanspec.Pair, model_id: str
+) -> None:
+    with socket.socket() as sock:  # a port where nothing listens
+        sock.bind(("127.0.0.1", 0))
+        nowhere = f"127.0.0.1:{sock.getsockname()[1]}"
+    with http_service(_service(pair, nowhere)) as url:
+        client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=30)
+        with pytest.raises(openai.APIStatusError) as refused:
+            client.completions.create(model=model_id, prompt=PROMPT, max_tokens=4)
+        assert refused.value.status_code == 503
+        assert refused.value.body["type"] == "server_error"
+        with pytest.raises(openai.APIError, match="cannot reach"):
+            list(client.completions.create(model=model_id, prompt=PROMPT, stream=True))
 
 
 # ----------------------------------------------------------------------------- text pieces
