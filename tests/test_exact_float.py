@@ -193,7 +193,7 @@ def test_every_lossless_method_samples_the_float_law(
     heavy_world: HeavyTailWorld, method: str
 ) -> None:
     sim, _, cloud = heavy_world.run(
-        method, seed=1, max_new_tokens=TOKENS, gamma=3, srdv_k=1, srdv_m=1
+        method, seed=1, max_new_tokens=TOKENS, gamma=3, srdv_k=1, srdv_m=1, tree_budget=4
     )
     names, float_laws, _ = heavy_world.position_laws(sim.tokens)
     z = z_scores(names, float_laws)
