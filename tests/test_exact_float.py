@@ -160,7 +160,8 @@ class HeavyTailWorld(World):
 
 
 CLASSES = ("head0", "head1", "head2", "head3", "head4", "kept", "dropped", "zero")
-TOKENS = 500  # per method: ≈ 55 expected "dropped" tokens, which 16-bit rounding never emits
+TOKENS = 500  # ≈ 55 expected "dropped" tokens, which 16-bit rounding never emits
+METHOD_TOKENS = 300  # per lossless method: 16-bit rounding would sit ≈ 6 sd off
 
 
 def z_scores(names: list[str], laws: np.ndarray) -> np.ndarray:
@@ -193,21 +194,22 @@ def test_every_lossless_method_samples_the_float_law(
     heavy_world: HeavyTailWorld, method: str
 ) -> None:
     sim, _, cloud = heavy_world.run(
-        method, seed=1, max_new_tokens=TOKENS, gamma=3, srdv_k=1, srdv_m=1, tree_budget=4
+        method, seed=1, max_new_tokens=METHOD_TOKENS, gamma=3, srdv_k=1, srdv_m=1, tree_budget=4
     )
     names, float_laws, _ = heavy_world.position_laws(sim.tokens)
     z = z_scores(names, float_laws)
-    assert len(names) == TOKENS and "zero" not in names
+    assert len(names) == METHOD_TOKENS and "zero" not in names
     assert np.all(np.abs(z) < 5), dict(zip(CLASSES, z.round(2), strict=True))
     tv = cloud.counters.get("tv_bound", 0.0)
-    assert (tv > 0) == (method in SHIPS_Q) and tv < 1e-5 * TOKENS
+    assert (tv > 0) == (method in SHIPS_Q) and tv < 1e-5 * METHOD_TOKENS
 
 
 @pytest.mark.slow
 def test_a_method_shipping_16_bit_q_fails_the_same_test(heavy_world: HeavyTailWorld) -> None:
     sim, _, cloud = heavy_world.run("naive", seed=1, max_new_tokens=TOKENS, gamma=3, q_bits=16)
-    names, float_laws, q16_laws = heavy_world.position_laws(sim.tokens)
-    assert "dropped" not in names  # 16-bit q̂ puts no mass there
-    assert z_scores(names, float_laws)[CLASSES.index("dropped")] < -5
-    assert np.all(np.abs(z_scores(names, q16_laws)) < 5)  # it follows its own q̂ instead
+    names, float_laws, _ = heavy_world.position_laws(sim.tokens)
+    dropped = CLASSES.index("dropped")
+    assert z_scores(names, float_laws)[dropped] < -5
+    # only bonus tokens (drawn from the float q, ~1 position in 9 here) reach that tail
+    assert names.count("dropped") < 0.3 * float_laws[:, dropped].sum()
     assert cloud.counters["tv_bound"] > 0.05 * TOKENS
