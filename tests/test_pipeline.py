@@ -20,7 +20,7 @@ from wanspec.protocols.registry import make_cloud, make_edge, target_info
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sim import Link, load_profile, simulate
 from wanspec.vocab import VocabAlignment
-from worlds import World
+from worlds import FLAT_PROFILE, World
 
 TREE_VARIANTS = [
     dict(tree_budget=1),
@@ -41,6 +41,31 @@ def test_the_tree_never_changes_the_tokens(shared_world: World, seed: int) -> No
         assert sim.tokens == reference.tokens
         hit_rates.append(edge.cache_hit_rate)
     assert max(hit_rates) > pico.cache_hit_rate  # the alternatives were really used
+
+
+@pytest.mark.parametrize("method", ["picospec", "acespec"])
+def test_a_verdict_arriving_mid_tree_does_not_shift_the_draft_streams(
+    shared_world: World, method: str
+) -> None:
+    """A slow edge gets the verdict while its tree is still being drafted (a pipeline stall);
+    the branch it then waits for must draw from the streams of the positions it was drafted
+    for, not of positions counted after the verdict's commit: same tokens as a fast edge."""
+    settings = dict(seed=3, max_new_tokens=24, temperature=1.2, gamma=3)
+    fast, _, _ = shared_world.run(method, **settings)
+    slow_edge = load_profile({"name": "slow-edge", "forward_ms": {"1": 1.0, "64": 2.0},
+                              "tree_ms": {"1": 40.0, "64": 40.0}})  # fmt: skip
+    edge, cloud = shared_world.machines(method, **settings)
+    slow = simulate(
+        edge,
+        cloud,
+        Link(bandwidth_bps=1e8, rtt_s=0.002),
+        slow_edge,
+        FLAT_PROFILE,
+        edge_executor=session_executor(shared_world.draft),
+        cloud_executor=session_executor(shared_world.target),
+    )
+    assert edge.counters.get("pipeline_stalls", 0) >= 2  # verdicts did arrive mid-tree
+    assert slow.tokens == fast.tokens
 
 
 def test_acespec_x_tokens_do_not_depend_on_the_tree(hetero_world: World) -> None:

@@ -46,14 +46,19 @@ class Pair:
         return target_info(self.target, self.target_encode, (self.alignment,))
 
 
-def _load_lm(name_or_model: Any, dtype: torch.dtype, threads: int | None) -> tuple[Any, str]:
+def _load_lm(
+    name_or_model: Any, dtype: torch.dtype, threads: int | None, invariant: bool = False
+) -> tuple[Any, str]:
     if hasattr(name_or_model, "extend"):
+        if invariant:
+            raise ValueError("invariant=True applies when loading: pass names or folders")
         return name_or_model, getattr(name_or_model, "name", "model")
     from wanspec.models.lm import load_model
     from wanspec.models.registry import resolve_model
 
     folder = resolve_model(str(name_or_model))
-    return load_model(folder, dtype=dtype, threads=threads), str(name_or_model)
+    lm = load_model(folder, dtype=dtype, threads=threads, invariant=invariant)
+    return lm, str(name_or_model)
 
 
 def load_pair(
@@ -62,14 +67,17 @@ def load_pair(
     *,
     dtype: torch.dtype = torch.float32,
     threads: int | None = None,
+    invariant: bool = False,
 ) -> Pair:
     """Load (pulling registry models on first use) and align a target/draft pair.
 
     `target` and `draft` are registry names (`wanspec models list`), local Hugging Face folders,
-    or already loaded `LanguageModel`s.
+    or already loaded `LanguageModel`s. `invariant`: both models in pass-shape-invariant mode
+    (`wanspec.models.invariant`), so a sampled run's tokens do not depend on how passes are cut:
+    the asynchronous pipelines then give the same tokens whatever the link or the timing.
     """
-    target_lm, target_name = _load_lm(target, dtype, threads)
-    draft_lm, draft_name = _load_lm(draft, dtype, threads)
+    target_lm, target_name = _load_lm(target, dtype, threads, invariant)
+    draft_lm, draft_name = _load_lm(draft, dtype, threads, invariant)
     if draft_lm.tokenizer is None or target_lm.tokenizer is None:
         raise ValueError("both models need a tokenizer")
     alignment = VocabAlignment.build(

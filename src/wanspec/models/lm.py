@@ -464,11 +464,15 @@ def load_model(
     threads: int | None = None,
     attn_implementation: str = "sdpa",
     fast_linear: bool = True,
+    invariant: bool = False,
 ) -> HFLanguageModel:
     """Load a local Hugging Face folder (model + tokenizer) as a `LanguageModel`.
 
     `threads` sets torch's process-wide intra-op thread count (default `default_threads()`).
     `fast_linear` swaps fp32 CPU linear layers to `_SwappedLinear` (faster, see there).
+    `invariant` makes every pass pass-shape invariant (`wanspec.models.invariant`): a position's
+    logits are bitwise the same in a one-token decode, a verification and a tree pass, at
+    1.0-2x the CPU time per pass; it replaces `fast_linear`.
     """
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
@@ -487,6 +491,10 @@ def load_model(
         local_files_only=True,
     )
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    if fast_linear:
+    if invariant:
+        from wanspec.models.invariant import make_batch_invariant
+
+        make_batch_invariant(model)
+    elif fast_linear:
         use_swapped_linear(model)
     return HFLanguageModel(model, tokenizer, name=folder.name)

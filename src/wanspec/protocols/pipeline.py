@@ -63,6 +63,7 @@ class Speculation:
     """The work drafted ahead while one chain is in flight."""
 
     branches: list[Branch]
+    base: int  # tokens committed when the chain was sent: output positions count from here
     passes_done: int = 0
     passes_planned: int = 0
     nodes: int = 0
@@ -145,7 +146,7 @@ class PipelineEdge(SpecEdge):
         branches = [Branch(gamma, rnd.tokens[-1])]
         for depth, width in enumerate(fanout):
             branches += [Branch(depth, a) for a in self.alternatives[depth][:width]]
-        self.spec = Speculation(branches, passes_planned=gamma)
+        self.spec = Speculation(branches, self.generated, passes_planned=gamma)
         self.count("tree_rounds")
         self.count("tree_branches", len(branches) - 1)
         self.rounds_log.append({"round": rnd.index, "fanout": list(fanout)})
@@ -186,7 +187,10 @@ class PipelineEdge(SpecEdge):
         return []
 
     def _extend_branch(self, branch: Branch, logits: Any) -> None:
-        position = self.generated + branch.first_position_offset + len(branch.tokens)
+        # from the speculation's base, not `generated`: a verdict may commit tokens while the
+        # tree is still being drafted, and the keyed stream must not shift with that timing
+        assert self.spec is not None
+        position = self.spec.base + branch.first_position_offset + len(branch.tokens)
         self._draft_into(branch, logits, position)
 
     # ---- the verdict
