@@ -68,6 +68,19 @@ def test_generate_rejects_bad_method_and_settings(tiny_pair_shared) -> None:
     assert bad_gamma.exit_code != 0 and "gamma" in bad_gamma.output
     bad_link = CliRunner().invoke(main, [*base, "--bandwidth", "-5"])
     assert bad_link.exit_code != 0 and "bandwidth" in bad_link.output
+    bad_bits = CliRunner().invoke(main, [*base, "--q-bits", "12"])
+    assert bad_bits.exit_code != 0 and "q_bits" in bad_bits.output
+
+
+def test_generate_q_bits_reaches_the_run(tiny_pair_shared) -> None:
+    """--q-bits sets the precision of the q the cloud ships: 16-bit q costs fewer downlink
+    bits than the default 32 on the same greedy run (same tokens, only the rounding differs)."""
+    draft, target = tiny_pair_shared
+    base = ["generate", "--target", str(target), "--draft", str(draft), "--prompt", "hello",
+            "--method", "naive", "--max-new-tokens", "8", "--json"]  # fmt: skip
+    runs = {bits: CliRunner().invoke(main, [*base, "--q-bits", bits]) for bits in ("16", "32")}
+    stats = {bits: json.loads(r.output)["stats"] for bits, r in runs.items()}
+    assert stats["16"]["tv_bound"] > stats["32"]["tv_bound"] >= 0
 
 
 def test_generate_unknown_model_is_a_clear_error() -> None:

@@ -179,6 +179,13 @@ def _make_link(link_preset: str | None, seed: int, **numbers: Any) -> Any:
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
 @click.option("--srdv-k", type=int, default=4, show_default=True, help="X-CoSD-E candidates K.")
 @click.option("--srdv-m", type=int, default=2, show_default=True, help="X-CoSD-E rounds M.")
+@click.option(
+    "--q-bits",
+    type=int,
+    default=32,
+    show_default=True,
+    help="Precision of a q shipped to the edge (16, 24 or 32; 16 = the papers' bits).",
+)
 @_profile_options
 @_link_options
 @_server_options
