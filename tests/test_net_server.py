@@ -276,7 +276,11 @@ def _bad_inputs(pair: wanspec.Pair) -> dict[str, tuple[bytes, ErrorCode, str]]:
             ErrorCode.LIMIT,
             "exceeds the limit",
         ),
-        "wrong wire version": (bytes([0xA0 | 0x3, 1, 0]), ErrorCode.PROTOCOL, "wire version 3"),
+        "wrong wire version": (
+            bytes([0xA0 | (wire.WIRE_VERSION + 1), 1, 0]),
+            ErrorCode.PROTOCOL,
+            f"wire version {wire.WIRE_VERSION + 1}",
+        ),
         "wrong protocol version": (
             _frames(AUTH, _hello(pair, protocol_version=PROTOCOL_VERSION + 7), START),
             ErrorCode.VERSION,
