@@ -177,7 +177,7 @@ class PipelineEdge(SpecEdge):
         spec = self.spec
         assert spec is not None
         for branch, row in zip(spec.branches, result, strict=True):
-            self._extend_branch(branch, row)
+            self._extend_branch(spec, branch, row)
         spec.passes_done += 1
         if spec.passes_done < spec.passes_planned:
             return [self._tree_pass()]
@@ -186,11 +186,10 @@ class PipelineEdge(SpecEdge):
             return self._continue(key)
         return []
 
-    def _extend_branch(self, branch: Branch, logits: Any) -> None:
+    def _extend_branch(self, spec: Speculation, branch: Branch, logits: Any) -> None:
         # from the speculation's base, not `generated`: a verdict may commit tokens while the
         # tree is still being drafted, and the keyed stream must not shift with that timing
-        assert self.spec is not None
-        position = self.spec.base + branch.first_position_offset + len(branch.tokens)
+        position = spec.base + branch.first_position_offset + len(branch.tokens)
         self._draft_into(branch, logits, position)
 
     # ---- the verdict
