@@ -22,6 +22,7 @@ from wanspec.protocols.budget import (
     fit_power_law,
     geometric_shares,
     largest_remainder,
+    ranked_capture,
     residual_capture,
     tree_budget,
 )
@@ -288,6 +289,14 @@ def test_residual_capture_ties_rank_the_lower_id_first():
     residual = np.array([0.0, 0.1, 0.9])
     curve = residual_capture(residual, np.array([3, 1, 1]), exclude=0, max_f=1)
     np.testing.assert_allclose(curve, [0.1])
+
+
+def test_ranked_capture_follows_the_list_the_tree_branched_on():
+    residual = np.array([0.0, 0.4, 0.6, 0.2, 0.8])  # unnormalised: total 2
+    # the branched-on order, not any distribution's: 3, then 1; flat past the list's end
+    np.testing.assert_allclose(ranked_capture(residual, [3, 1], max_f=4), [0.1, 0.3, 0.3, 0.3])
+    np.testing.assert_allclose(ranked_capture(residual, [4, 2, 1, 3], max_f=2), [0.4, 0.7])
+    np.testing.assert_allclose(ranked_capture(residual, [], max_f=2), [0.0, 0.0])
 
 
 def test_residual_capture_rejects_bad_input():

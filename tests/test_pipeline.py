@@ -74,6 +74,20 @@ def test_acespec_x_tokens_do_not_depend_on_the_tree(hetero_world: World) -> None
     assert runs[0].tokens == runs[1].tokens == runs[2].tokens
 
 
+def test_chains_from_the_tree_branch_beyond_the_drafts_sampling_support(
+    shared_world: World,
+) -> None:
+    """Alternatives rank the draft's logits, not its warped distribution: the rejected token's
+    residual lies exactly where the warped draft gives nothing. A chain taken from the tree must
+    branch as widely as a freshly drafted one (a ranking by the branch's top-k counts gave it
+    one alternative at most here, so every tree after a hit lost its other tips)."""
+    settings = dict(seed=0, max_new_tokens=40, top_k=2, gamma=3)
+    tree = dict(tree_budget=4, tree_allocation="single", tree_fixed=True)
+    _, edge, _ = shared_world.run("acespec", **settings, **tree)
+    assert edge.counters["cache_hits"] >= 5  # most chains came from the tree
+    assert edge.counters["tree_branches"] == 3 * edge.counters["tree_rounds"]
+
+
 def test_every_pipeline_message_is_small_and_has_no_bonus(shared_world: World) -> None:
     sim, edge, cloud = shared_world.run("acespec", max_new_tokens=30, seed=3, gamma=3, trace=True)
     replies = [r.info["msg"] for r in sim.trace if r.what == "send" and r.side == "cloud"]

@@ -10,7 +10,7 @@ pipeline machine once per round. The paper's section IV in our terms:
   reached with probability α^k, so alternatives are worth more near the root. α is the running
   per-token acceptance rate, β the exponent of the residual's power-law tail
   ``R(F) ≈ 1 − c F^{−β}`` (how much rejected-token mass the top-F draft alternatives capture),
-  fitted online by `fit_power_law` from curves measured by `residual_capture`.
+  fitted online by `fit_power_law` from curves measured by `ranked_capture`.
 - `BranchPlanner` keeps the online estimates (window EWMA, α, β) and turns them into an F vector.
 """
 
@@ -218,7 +218,14 @@ def residual_capture(
         raise ValueError(f"exclude {exclude} outside the vocabulary of {residual.size}")
     max_f = _check_int("max_f", max_f, 1)
     ranked = np.argsort(-proxy, kind="stable")
-    ranked = ranked[ranked != exclude][:max_f]
+    return ranked_capture(residual, ranked[ranked != exclude], max_f)
+
+
+def ranked_capture(residual: np.ndarray, ranked: Sequence[int], max_f: int) -> np.ndarray:
+    """R(F) for F = 1..max_f when the alternatives, best first, are `ranked` (the list the edge
+    really branched on); past its end the curve stays flat."""
+    residual = np.asarray(residual, dtype=np.float64)
+    ranked = np.asarray(ranked, dtype=np.int64)[:max_f]
     curve = np.cumsum(residual[ranked]) / residual.sum()
     return np.concatenate([curve, np.full(max_f - curve.size, curve[-1] if curve.size else 0.0)])
 
@@ -229,7 +236,7 @@ class BranchPlanner:
 
     Feeds: `observe_window(seconds)` with each reply's send-to-reply time (RTT + T_verify as the
     edge sees it, smoothed by an EWMA); `observe_round(accepted, drafted)` with each verified
-    chain; `observe_capture(curve)` with the R(F) curve (`residual_capture`) of each rejection.
+    chain; `observe_capture(curve)` with the R(F) curve (`ranked_capture`) of each rejection.
     `plan(γ)` then gives the F vector for the next tree.
 
     Budget: `fixed_budget` if set (the ablation compares shapes at one B); otherwise b_max when

@@ -28,7 +28,7 @@ import torch
 from wanspec import wire
 from wanspec.models.jobs import KeepTreePath, TreeForward
 from wanspec.protocols.base import Action, ComputeDone, Event, MessageReceived, ProtocolError
-from wanspec.protocols.budget import BranchPlanner, residual_capture
+from wanspec.protocols.budget import BranchPlanner, ranked_capture
 from wanspec.protocols.schemes import dist_probs
 from wanspec.protocols.speculative import EdgeState, Round, SpecEdge
 from wanspec.sampling import Counts, quantize, sample, warp_probs
@@ -51,6 +51,7 @@ class Branch:
     draft_ids: list[int] = field(default_factory=list)
     probs: list[int] = field(default_factory=list)
     dists: list[Counts] = field(default_factory=list)
+    ranked: list[list[int]] = field(default_factory=list)  # per drafted token: its alternatives
 
     @property
     def first_position_offset(self) -> int:
@@ -190,7 +191,8 @@ class PipelineEdge(SpecEdge):
         # from the speculation's base, not `generated`: a verdict may commit tokens while the
         # tree is still being drafted, and the keyed stream must not shift with that timing
         position = spec.base + branch.first_position_offset + len(branch.tokens)
-        self._draft_into(branch, logits, position)
+        projected = self._draft_into(branch, logits, position)
+        branch.ranked.append(self._ranked(projected, branch.tokens[-1]))
 
     # ---- the verdict
     def on_reply(self, msg: Any) -> list[Action]:
@@ -203,16 +205,15 @@ class PipelineEdge(SpecEdge):
         return super().on_reply(msg)
 
     def _observe_capture(self, rnd: Round, msg: wire.VerifyResult) -> None:
-        """Where the residual mass lay among the draft's alternatives (for β), when the reply
-        carries the whole target distribution of the rejected position."""
+        """Where the residual mass lay among the alternatives the tree branched on (for β), when
+        the reply carries the whole target distribution of the rejected position."""
         width = self.alignment.target_width
         if self.planner is None or msg.dist is None or msg.dist.width != width or msg.truncated:
             return
-        draft = rnd.dists[msg.accepted]
         residual = np.maximum(dist_probs(msg.dist) - self.draft_probs(rnd, msg.accepted), 0.0)
         if residual.sum() > 0:
-            curve = residual_capture(residual, draft, rnd.tokens[msg.accepted], self.planner.b_max)
-            self.planner.observe_capture(curve)
+            ranked = self.alternatives[msg.accepted]  # what the tree really branched on
+            self.planner.observe_capture(ranked_capture(residual, ranked, self.planner.b_max))
 
     def _observe(self, accepted: int) -> None:
         if self.planner is None:
@@ -287,18 +288,8 @@ class PipelineEdge(SpecEdge):
         rnd = self.round
         rnd.tokens, rnd.draft_ids = list(branch.tokens), list(branch.draft_ids)
         rnd.probs, rnd.dists = list(branch.probs), list(branch.dists)
-        self.alternatives = self._alternatives_of(branch)
+        self.alternatives = [list(r) for r in branch.ranked]
         return [keep, *self._upload()]
-
-    def _alternatives_of(self, branch: Branch) -> list[list[int]]:
-        """Alternatives for a chain that came from the tree: ranked by its draft counts (the
-        tree kept no logits), the chain token left out."""
-        limit = 0 if self.planner is None else self.planner.b_max
-        ranked = []
-        for token, counts in zip(branch.tokens, branch.dists, strict=True):
-            order = np.argsort(-counts, kind="stable")[: limit + 1]
-            ranked.append([int(t) for t in order if counts[t] > 0 and t != token][:limit])
-        return ranked
 
     @property
     def cache_hit_rate(self) -> float | None:
