@@ -397,6 +397,8 @@ def test_ping_pong_exact_virtual_timing() -> None:
     assert [r.t for r in res.emits] == pytest.approx([k * round_trip for k in range(1, 5)])
     assert res.tokens == [0, 1, 2, 3] and res.finish_reason == "length"
     assert res.ttft_s == pytest.approx(round_trip)
+    tokens, seconds = res.decode_span  # the steady state: after the first emit
+    assert tokens == 3 and seconds == pytest.approx(3 * round_trip)
     assert res.bits == {"up": 8000, "down": 40_000}
     assert res.messages == {"up": 4, "down": 4}
     assert res.bits_by_type == {"Ping": 8000, "Pong": 40_000}

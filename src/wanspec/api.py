@@ -110,6 +110,8 @@ def _stats(method: str, sim: SimResult, edge: Any, cloud: Any) -> dict[str, Any]
         "time_s": sim.duration_s,
         "tokens_per_s": sim.tokens_per_s,
         "ttft_s": sim.ttft_s,
+        "decode_tokens": sim.decode_span[0],
+        "decode_time_s": sim.decode_span[1],
         "per_token_latency_s": (sim.duration_s / n) if n else None,
         "mean_inter_token_s": (sum(gaps) / len(gaps)) if gaps else None,
         "rounds": rounds,

@@ -29,8 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from wanspec.bench.acespec import REAL_SHARED
-from wanspec.bench.config import TINY_SHARED_PAIR, Config
+from wanspec.bench.config import REAL_SHARED, TINY_SHARED_PAIR, Config
 from wanspec.bench.context import Context
 from wanspec.bench.experiments import EXPERIMENTS, Experiment, Line, Row, synthetic_pair
 from wanspec.bench.runner import Cell

@@ -19,6 +19,8 @@ from typing import Any
 
 TINY_PAIR = ("tiny-hetero-target", "tiny-hetero-draft")  # built on first use (wanspec.models.tiny)
 TINY_SHARED_PAIR = ("tiny-shared-target", "tiny-shared-draft")  # the same, one shared tokenizer
+REAL_SHARED = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")  # (target, draft): AceSpec's pair
+REAL_HETERO = ("qwen2.5-coder-0.5b", "smollm2-135m")  # two vocabularies
 
 # what each task needs to be scored (the full configuration's budget; smaller ones cap it)
 TASK_TOKENS = {"translation": 64, "summary": 64, "math": 160, "mcq": 4, "code": 128}

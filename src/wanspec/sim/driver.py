@@ -111,6 +111,17 @@ class SimResult:
         return times[0] if times else None
 
     @property
+    def decode_span(self) -> tuple[int, float]:
+        """(tokens emitted after the first emit, seconds from the first emit to the last): the
+        steady-state part of a run, which a per-cycle bound such as AceSpec's T_ideal describes
+        (the first emit's tokens and the time to it belong to TTFT)."""
+        if not self.emits:
+            return 0, 0.0
+        first = self.emits[0].t
+        later = [rec for rec in self.emits if rec.t > first]
+        return sum(len(rec.token_ids) for rec in later), (later[-1].t - first if later else 0.0)
+
+    @property
     def tokens_per_s(self) -> float:
         n = len(self.token_times)
         return n / self.duration_s if self.duration_s > 0 else math.inf if n else 0.0
