@@ -80,13 +80,6 @@ def test_sampling_matches_enumerated_target_law_shared(shared_world: World, meth
     assert _tv(emp, law) < 0.06
 
 
-@pytest.mark.parametrize("method", ["gr", "uhlm"])
-def test_lossy_methods_deviate(shared_world: World, method: str) -> None:
-    law = shared_world.exact_joint(2)
-    emp = _empirical(shared_world, method, 2, gamma=3, uhlm_threshold=0.9)
-    assert _tv(emp, law) > 0.1
-
-
 # ----------------------------------------------------------------------------- bits
 
 UPLINK = {"Hello", "StartRequest", "Draft", "DraftWithDists", "CandidatesRequest",
