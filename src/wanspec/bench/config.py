@@ -1,5 +1,6 @@
-"""The three sizes of every experiment: tiny (tests), quick (the default pair, bundled prompts),
-full (the shared prompt sets at the papers' scale).
+"""The sizes of every experiment: tiny (tests), quick (the default pair, bundled prompts),
+moderate (quick's pair with fewer prompts, tokens and grid points: the committed docs/RESULTS.md,
+under an hour on one CPU core), full (the shared prompt sets at the papers' scale).
 
 Timing uses the papers' hardware through fixed compute profiles (X-CoSD: a 68M draft on a TITAN
 RTX, an 8B target on an A100), never this machine's wall clock, so a cell's result depends only
@@ -136,6 +137,20 @@ CONFIGS: dict[str, Config] = {
         quality_datasets=MINI_QUALITY,
         rates_bps=(1e5, 1e6, 1e7, 1e8),
         quality_temperatures=(0.0, 1.0),
+    ),
+    # the committed docs/RESULTS.md: every experiment in under an hour on one CPU core
+    "moderate": Config(
+        name="moderate",
+        target="qwen2.5-coder-0.5b",
+        draft="smollm2-135m",
+        prompts=1,
+        max_new_tokens=16,
+        datasets=MINI_DATASETS,
+        rate_datasets=("mini-translation",),
+        quality_datasets=MINI_QUALITY,
+        rates_bps=(1e5, 1e6, 1e7),
+        quality_temperatures=(0.0,),
+        analysis_seeds=6,
     ),
     "full": Config(
         name="full",
