@@ -1,0 +1,153 @@
+"""A speculative edge and cloud refuse a malformed peer message with the reason, exactly.
+
+The error policy (wanspec.protocols.base) turns what the peer got wrong into an `Error` message
+and a `Finish("error: …")`; the end-to-end tests only check that some error ends the run. Here a
+real edge (or cloud) is brought to the state where the message arrives and the exact reason is
+checked, so a bound off by one (`>` for `>=` on the accepted count, a token id equal to the
+vocabulary width let through) or a check that lost its condition fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from wanspec import wire
+from wanspec.models.jobs import session_executor
+from wanspec.protocols.base import (
+    Compute,
+    ComputeDone,
+    ErrorCode,
+    Finish,
+    MessageReceived,
+    Send,
+    Start,
+)
+from worlds import PROMPT_IDS, World
+
+GAMMA = 3
+
+
+def _edge_with_a_draft_up(world: World, method: str):
+    """An edge past the handshake whose first draft (GAMMA tokens) is waiting for its verdict."""
+    edge = world.edge(method, max_new_tokens=20, gamma=GAMMA, seed=4)
+    actions = edge.handle(Start())
+    fp = edge.fingerprints
+    ack = wire.HelloAck(wire.WIRE_VERSION, fp.target_model, fp.target_tokenizer, {})
+    assert edge.handle(MessageReceived(ack)) == []
+    run = session_executor(world.draft)
+    while not any(isinstance(a, Send) and isinstance(a.msg, wire.Draft) for a in actions):
+        compute = next(a for a in actions if isinstance(a, Compute))
+        actions = edge.handle(ComputeDone(compute.job_id, run(compute.job)))
+    return edge
+
+
+def _error(actions: list) -> tuple[int, str]:
+    """The Error sent and the Finish reason, which must name the same failure."""
+    sent = [a.msg for a in actions if isinstance(a, Send) and isinstance(a.msg, wire.Error)]
+    finish = [a.reason for a in actions if isinstance(a, Finish)]
+    assert len(sent) == 1 and finish == [f"error: {sent[0].message}"]
+    return sent[0].code, sent[0].message
+
+
+@pytest.mark.parametrize(
+    ("reply", "reason"),
+    [
+        (wire.VerifyResult(1, 0, token=1), "reply for round 1, but round 0 is open"),
+        (wire.VerifyResult(0, GAMMA + 1, token=1), f"{GAMMA + 1} accepted of {GAMMA} drafted"),
+        (wire.VerifyResult(0, GAMMA), "all tokens accepted but no bonus token"),
+        (wire.VerifyResult(0, GAMMA, token=300), "token 300 is outside the target vocabulary"),
+    ],
+)
+def test_the_edge_refuses_a_verdict_it_cannot_apply(
+    shared_world: World, reply: wire.VerifyResult, reason: str
+) -> None:
+    edge = _edge_with_a_draft_up(shared_world, "naive")
+    assert shared_world.alignment.target_width == 300
+    assert _error(edge.handle(MessageReceived(reply))) == (int(ErrorCode.PROTOCOL), reason)
+    assert edge.done and edge.accepted_per_round == []
+
+
+def test_the_edge_takes_a_verdict_at_the_last_valid_token_id(shared_world: World) -> None:
+    """The bounds above are tight: every draft accepted plus bonus id 299 (the last) is fine."""
+    edge = _edge_with_a_draft_up(shared_world, "naive")
+    actions = edge.handle(MessageReceived(wire.VerifyResult(0, GAMMA, token=299)))
+    emitted = [a.token_ids for a in actions if type(a).__name__ == "Emit"]
+    assert len(emitted) == 1 and emitted[0][-1] == 299 and len(emitted[0]) == GAMMA + 1
+    assert edge.accepted_per_round == [GAMMA] and not edge.done
+
+
+def _cloud_ready(world: World, method: str):
+    """A cloud past the handshake and the prompt's prefill, waiting for the first draft, and the
+    executor of its target session (which holds the prefill)."""
+    edge, cloud = world.machines(method, max_new_tokens=20, gamma=GAMMA)
+    actions = cloud.handle(Start())
+    for action in edge.handle(Start()):
+        if isinstance(action, Send):  # Hello and StartRequest (the edge's draft job aside)
+            actions += cloud.handle(MessageReceived(action.msg))
+    run = session_executor(world.target)
+    for action in actions:
+        if isinstance(action, Compute):
+            assert cloud.handle(ComputeDone(action.job_id, run(action.job))) == []
+    return cloud, run
+
+
+def _dists_draft(width: int, tokens: tuple[int, ...]) -> wire.DraftWithDists:
+    counts = [0] * width
+    counts[tokens[0]] = 65535
+    dist = wire.Dist.from_dense(counts)
+    return wire.DraftWithDists(0, 0, tokens=tokens, width=width, dist_positions=(0,), dists=(dist,))
+
+
+@pytest.mark.parametrize(
+    ("method", "draft", "reason"),
+    [
+        ("naive", wire.Draft(0, 0, (), (5, 300), (9, 9)), "draft token outside the target "
+         "vocabulary [0, 300)"),
+        ("naive", wire.Draft(0, 0, (300,), (5,), (9,)), "draft token outside the target "
+         "vocabulary [0, 300)"),
+        ("naive", wire.Draft(0, 0, (), (5, 6), (9,)), "every drafted token needs its p(x)"),
+        ("naive", wire.Draft(0, 0, (), (), ()), "unexpected Draft for round 0"),
+        ("ul", _dists_draft(299, (5,)), "draft distributions over 299 ids, target has 300"),
+    ],
+)  # fmt: skip
+def test_the_cloud_refuses_a_draft_it_cannot_verify(
+    shared_world: World, method: str, draft: object, reason: str
+) -> None:
+    cloud, _ = _cloud_ready(shared_world, method)
+    assert _error(cloud.handle(MessageReceived(draft))) == (int(ErrorCode.PROTOCOL), reason)
+    assert cloud.done
+
+
+def test_the_cloud_verifies_a_draft_at_the_last_valid_token_id(shared_world: World) -> None:
+    cloud, _ = _cloud_ready(shared_world, "ul")
+    actions = cloud.handle(MessageReceived(_dists_draft(300, (299, 5))))
+    assert [type(a).__name__ for a in actions] == ["Compute"]
+    assert not cloud.done
+
+
+def _run_computes(machine, run, actions: list) -> list:
+    """Carry out a machine's Compute actions with `run`; the actions that follow."""
+    out = []
+    for action in actions:
+        if isinstance(action, Compute):
+            out += machine.handle(ComputeDone(action.job_id, run(action.job)))
+        else:
+            out.append(action)
+    return out
+
+
+def test_sd_refuses_a_follow_up_that_is_not_the_rejected_positions_distribution(
+    shared_world: World,
+) -> None:
+    """SD's cloud asks for p̃ of the rejected position; anything else for that round is refused
+    (a draft the target cannot produce is rejected with certainty, so the round is known)."""
+    shared_world.target.reset()
+    impossible = int(shared_world.target.extend(PROMPT_IDS)[-1].argmin())
+    shared_world.target.reset()
+    cloud, run = _cloud_ready(shared_world, "sd")
+    draft = wire.Draft(0, 0, (), (impossible,), (65535,))
+    verdict = _run_computes(cloud, run, cloud.handle(MessageReceived(draft)))
+    assert [a.msg for a in verdict] == [wire.VerifyResult(0, 0)]  # "send me p_j"
+    follow_up = cloud.handle(MessageReceived(wire.CandidatesRequest(0, 1)))
+    reason = "expected the draft distribution of the rejected position"
+    assert _error(follow_up) == (int(ErrorCode.PROTOCOL), reason)

@@ -1,0 +1,292 @@
+"""Exact checks of the protocol layer's small parts that the end-to-end runs cannot see.
+
+A machine's random streams, its KV-cache plan and its error policy either change no token (a
+cache plan that feeds a few tokens too many is only slower) or are patched out by the exact-law
+tests (tests/test_protocols_exact_law.py replaces every stream with one enumerator). Each test
+here pins one of them exactly; the mutation run (`make mutate`, docs/MUTATION.md) showed each
+gap as a surviving mutant.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import pytest
+
+from wanspec import wire
+from wanspec.models.jobs import Forward
+from wanspec.protocols.base import (
+    Cancel,
+    ComputeDone,
+    ErrorCode,
+    Finish,
+    Machine,
+    MessageReceived,
+    ProtocolError,
+    Send,
+    Start,
+    request_rng,
+)
+from wanspec.protocols.cache import CacheMirror
+from wanspec.protocols.registry import target_info
+from wanspec.protocols.settings import GenerationSettings
+from wanspec.protocols.stopping import _is_byte_token, matching_mode
+from wanspec.protocols.stream import SplitCloud
+from worlds import World
+
+# ----------------------------------------------------------------------------- random streams
+
+
+def test_edge_and_cloud_streams_are_reproducible_and_independent() -> None:
+    """The edge's and the cloud's draws must not be one stream (a shared stream correlates the
+    draft with the cloud's coins), and each must follow from the seed alone."""
+    draws = {
+        (seed, side): request_rng(seed, side).integers(1 << 62, size=4).tolist()
+        for seed in (0, 1)
+        for side in ("edge", "cloud")
+    }
+    assert draws[(0, "edge")] == request_rng(0, "edge").integers(1 << 62, size=4).tolist()
+    assert len({tuple(v) for v in draws.values()}) == 4
+
+
+# ----------------------------------------------------------------------------- the cache plan
+
+
+def test_a_plan_keeps_the_longest_common_prefix_and_feeds_the_rest() -> None:
+    cache = CacheMirror()
+    assert cache.plan([1, 2, 3]) == Forward(0, (1, 2, 3), 1)
+    assert cache.tokens == (1, 2, 3)
+    assert cache.plan([1, 2, 3, 4, 5]) == Forward(3, (4, 5), 1)
+    assert cache.plan([1, 2, 9, 4]) == Forward(2, (9, 4), 1)  # diverges at the third token
+    assert cache.tokens == (1, 2, 9, 4)
+
+
+def test_a_plan_feeds_at_least_the_rows_it_must_return() -> None:
+    """Rows of logits come only from fed tokens: asking for 3 rows of a cached sequence feeds
+    its last 3 again, never fewer."""
+    cache = CacheMirror()
+    cache.plan([1, 2, 3, 4])
+    assert cache.plan([1, 2, 3, 4], rows=3) == Forward(1, (2, 3, 4), 3)
+    assert cache.plan([1, 2, 3, 4], rows=1) == Forward(3, (4,), 1)
+    assert cache.plan([1, 2, 3, 4], rows=4) == Forward(0, (1, 2, 3, 4), 4)
+
+
+def test_assume_and_forget_after_move_the_picture() -> None:
+    cache = CacheMirror()
+    cache.plan([1, 2, 3])
+    cache.assume([1, 2, 3, 7, 8])
+    assert cache.plan([1, 2, 3, 7, 8, 9]) == Forward(5, (9,), 1)
+    cache.forget_after(2)
+    assert cache.tokens == (1, 2)
+    assert cache.plan([1, 2, 3]) == Forward(2, (3,), 1)
+
+
+@pytest.mark.parametrize(("desired", "rows"), [([1, 2], 0), ([1, 2], 3), ([], 1)])
+def test_a_plan_that_cannot_return_its_rows_is_refused(desired: list[int], rows: int) -> None:
+    with pytest.raises(ValueError, match=rf"^need at least {rows} token\(s\) to get {rows} row"):
+        CacheMirror().plan(desired, rows)
+
+
+# ----------------------------------------------------------------------------- error policy
+
+
+class _State(enum.Enum):
+    READY = enum.auto()
+    DONE = enum.auto()
+
+
+class _Echo(Machine):
+    """A minimal machine: accepts `Close` when ready, runs one job per Start."""
+
+    side = "cloud"
+    EXPECTS = {_State.READY: (wire.Close,)}  # noqa: RUF012
+
+    def __init__(self) -> None:
+        super().__init__(_State.READY)
+        self.results: list[tuple[str, object]] = []
+
+    def on_start(self):
+        return [self.compute("work", Forward(0, (1,), 1)), self.compute("more", Forward(0, (2,)))]
+
+    def on_message(self, msg):
+        self.count("closes")
+        self.count("closes", 2)
+        return [Send(msg)]
+
+    def on_compute(self, purpose, result):
+        self.results.append((purpose, result))
+        return []
+
+
+def test_jobs_get_fresh_ids_and_results_go_to_their_purpose() -> None:
+    machine = _Echo()
+    first, second = machine.handle(Start())
+    assert (first.job_id, first.label, second.job_id, second.label) == (0, "work", 1, "more")
+    assert machine.handle(ComputeDone(1, "r1")) == []
+    assert machine.handle(ComputeDone(1, "again")) == []  # answered once only
+    assert machine.handle(ComputeDone(7, "unknown")) == []
+    assert machine.results == [("more", "r1")]
+    assert machine.handle(MessageReceived(wire.Close("x"))) == [Send(wire.Close("x"))]
+    assert machine.counters == {"closes": 3}
+
+
+def test_a_message_out_of_place_is_answered_with_an_error_and_ends_the_machine() -> None:
+    machine = _Echo()
+    machine.handle(Start())
+    actions = machine.handle(MessageReceived(wire.CandidatesRequest(0, 1)))
+    text = "unexpected CandidatesRequest while ready"
+    assert actions == [
+        Send(wire.Error(int(ErrorCode.PROTOCOL), text)),
+        Cancel(0),
+        Cancel(1),
+        Finish(f"error: {text}"),
+    ]
+    assert machine.done
+    assert machine.handle(MessageReceived(wire.Close("late"))) == []
+    assert machine.handle(Start()) == []
+
+
+def test_an_error_from_the_peer_ends_this_side_without_an_answer() -> None:
+    machine = _Echo()
+    actions = machine.handle(MessageReceived(wire.Error(3, "bad model")))
+    assert actions == [Finish("error: peer says bad model")]
+    assert machine.done
+
+
+def test_a_protocol_error_carries_its_code_and_an_unknown_event_is_a_local_bug() -> None:
+    assert ProtocolError("x").code == ErrorCode.PROTOCOL
+    assert ProtocolError("x", ErrorCode.LIMIT).code == ErrorCode.LIMIT
+    with pytest.raises(TypeError, match="unknown event"):
+        _Echo().handle(object())  # type: ignore[arg-type]
+
+
+def test_error_codes_are_the_numbers_peers_agree_on() -> None:
+    """Codes travel in `Error` messages: renumbering one breaks every peer of another build."""
+    assert {code.name: int(code) for code in ErrorCode} == {
+        "PROTOCOL": 1,
+        "VERSION": 2,
+        "MISMATCH": 3,
+        "UNSUPPORTED": 4,
+        "BAD_SETTINGS": 5,
+        "BUSY": 6,
+        "LIMIT": 7,
+        "INTERNAL": 8,
+        "SHUTDOWN": 9,
+        "UNAUTHORIZED": 10,
+    }
+
+
+# ----------------------------------------------------------------------------- stop pieces
+
+
+@pytest.mark.parametrize(
+    ("token", "is_byte"),
+    [
+        ("<0x41>", True),
+        ("<0xaF>", True),
+        ("<0x4142>", False),  # longer than one byte
+        ("<0x4>", False),
+        ("<0xG1>", False),  # not hex
+        ("<0x4G>", False),
+        ("<1x41>", False),
+        ("<0x41]", False),
+        ("<0x41>x", False),
+    ],
+)
+def test_byte_fallback_tokens_are_exactly_the_six_character_hex_forms(
+    token: str, is_byte: bool
+) -> None:
+    assert _is_byte_token(token) is is_byte
+
+
+# ----------------------------------------------------------------------------- compute tags
+
+
+@pytest.mark.parametrize(
+    ("method", "edge_tags", "cloud_tags"),
+    [
+        ("ar", set(), {"forward"}),
+        ("naive", {"draft"}, {"prefill", "verify"}),
+        ("picospec", {"draft", "tree", "keep"}, {"prefill", "verify"}),
+    ],
+)
+def test_each_computation_is_billed_to_its_purpose(
+    shared_world: World, method: str, edge_tags: set, cloud_tags: set
+) -> None:
+    """`compute_by_tag` (a run's stats) splits busy time by the label a machine gives a job."""
+    sim, _, _ = shared_world.run(method, max_new_tokens=12, seed=3, gamma=3)
+    assert set(sim.compute_by_tag["edge"]) == edge_tags
+    assert set(sim.compute_by_tag["cloud"]) == cloud_tags
+
+
+def test_split_inference_refuses_a_target_without_activations_or_a_penalty(
+    shared_world: World,
+) -> None:
+    info = shared_world.info
+    with pytest.raises(ValueError, match=r"^split inference needs a target model that accepts"):
+        SplitCloud(info, GenerationSettings())
+    with_activations = dataclasses.replace(info, accepts_activations=True)
+    SplitCloud(with_activations, GenerationSettings())
+    with pytest.raises(ValueError, match=r"^split inference cannot apply a repetition penalty"):
+        SplitCloud(with_activations, GenerationSettings(repetition_penalty=1.2))
+
+
+# ----------------------------------------------------------------------------- HR's O-sample
+
+
+def _sent(sim) -> list:
+    return [rec.info["msg"] for rec in sim.trace if rec.what == "send"]
+
+
+@pytest.mark.parametrize("piggyback", [True, False])
+def test_hr_asks_for_an_o_sample_only_without_the_piggyback(
+    hetero_world: World, piggyback: bool
+) -> None:
+    """X-CoSD's piggybacked O-sample saves a round trip whenever the edge picks region O; without
+    it the edge asks (ResampleRequest) and echoes the O token it got, so the run goes on."""
+    picked_o = requests = 0
+    for seed in range(6):
+        sim, edge, cloud = hetero_world.run(
+            "xcosd", trace=True, seed=seed, max_new_tokens=10, temperature=1.5,
+            hr_piggyback=piggyback,
+        )  # fmt: skip
+        assert (sim.finish_reason, len(sim.tokens)) == ("length", 10)
+        assert cloud.counters.get("stale_drafts", 0) == 0
+        picked_o += edge.counters.get("hr_region_O", 0)
+        requests += sum(isinstance(m, wire.ResampleRequest) for m in _sent(sim))
+        assert edge.counters.get("hr_o_requests", 0) == sum(
+            isinstance(m, wire.OToken) for m in _sent(sim)
+        )
+    assert picked_o > 0
+    assert requests == (0 if piggyback else picked_o)
+
+
+def test_uhlm_counts_the_drafts_it_lets_through_unverified(hetero_world: World) -> None:
+    sim, edge, _ = hetero_world.run(
+        "uhlm", trace=True, seed=5, max_new_tokens=16, gamma=4, uhlm_threshold=0.9
+    )
+    drafts = [m for m in _sent(sim) if isinstance(m, wire.DraftWithDists)]
+    skipped = sum(len(m.tokens) - len(m.dist_positions) for m in drafts)
+    assert skipped > 0
+    assert edge.counters["uhlm_skipped"] == skipped
+
+
+def test_the_cloud_names_its_target_model_in_the_handshake(shared_world: World) -> None:
+    """The HelloAck's `target` (what a client shows as the cloud's model) is the model's name."""
+    info = target_info(shared_world.target, list, (shared_world.alignment,))
+    assert info.name == shared_world.target.name != "target"
+
+
+def test_a_byte_level_decoder_inside_a_sequence_still_matches_bytes() -> None:
+    """Some tokenizers wrap ByteLevel in a Sequence decoder; transformers then compares bytes,
+    and so must the stop checker (found only through the decoder's JSON)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+    from transformers.generation.stopping_criteria import StopStringCriteria
+
+    backend = Tokenizer(models.WordLevel({"a": 0, "[UNK]": 1}, unk_token="[UNK]"))
+    backend.decoder = decoders.Sequence([decoders.Replace("_", " "), decoders.ByteLevel()])
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
+    assert matching_mode(tokenizer) == "byte_level"
+    assert StopStringCriteria._get_stop_string_matching_mode(tokenizer) == "byte_level"

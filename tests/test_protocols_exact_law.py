@@ -1,0 +1,201 @@
+"""Every method's first-token law, enumerated exactly through the real machines on the simulator.
+
+The law tests of tests/test_protocols.py sample thousands of runs and bound the TV distance,
+which sees a gross error but not a residual normalised over the wrong set or a coin with the
+wrong odds, and takes minutes. Here one `ScriptedRng` (tests/exact_rng.py) stands in for every
+random stream of a run (the edge's, the cloud's, the pipelines' keyed draft streams), and the
+run is repeated for every outcome of every draw: the first token's law comes out as exact
+fractions of the floats the machines used, in well under a second per method.
+
+The draft's 16-bit draw `sample(counts, rng)` is the one draw with 65,536 outcomes; the test
+routes it through `pick(counts, rng)`, which has the same law (counts[i] / total, proven on the
+sampling floor by test_sampling_quant_exact.py), so the enumeration branches once per token.
+
+The draft here is a synthetic model whose distribution is NOT proportional to the target's on
+the target's support (the World's default draft is, and then the residual equals q and a
+residual computed wrongly could pass); both models have supports of a few tokens, so a law is a
+tree of tens of runs. Each method's law is compared with the law it promises:
+q itself (float-q schemes), the rounded q̂ (schemes that ship q), q̂ on C plus θ̂_o spread by q
+on O (HR), and the lossy baselines' own laws (GR: argmax replacement; TR: residual over the top
+k of q̂).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from exact_rng import ScriptedRng, exact_law
+from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
+from wanspec.protocols import pipeline, speculative, stream
+from wanspec.protocols.registry import target_info
+from wanspec.protocols.settings import GenerationSettings
+from wanspec.sampling import dequantize, hybrid_bins, pick, round_probs, target_probs
+from worlds import PROMPT_IDS, World
+
+TOLERANCE = 1e-9  # float64 sums of the floats the machines drew with; any planted bug is > 1e-6
+# one token, one draft; SR-DV with one candidate and one round unless a test says otherwise (each
+# candidate multiplies the paths by the target's support)
+SETTINGS = {
+    "max_new_tokens": 1,
+    "gamma": 1,
+    "temperature": 1.3,
+    "q_bits": 16,
+    "srdv_k": 1,
+    "srdv_m": 1,
+}
+
+
+def _pick_counts(counts: np.ndarray, rng: object) -> int:
+    """`sample`'s law (counts[i] / total) drawn as one pick, so the enumeration stays small."""
+    return pick(counts, rng)
+
+
+def _small(world: World, target: SyntheticSpec, draft: SyntheticSpec) -> World:
+    """`world` with small-support synthetic models (few outcomes per draw: a small tree)."""
+    world.target, world.draft = SyntheticLM(target, "target"), SyntheticLM(draft, "draft")
+    world.info = target_info(world.target, lambda _: list(PROMPT_IDS), (world.alignment,))
+    return world
+
+
+@pytest.fixture(scope="module")
+def skewed_world() -> World:
+    """One vocabulary; the target puts 3:2:1 on three tokens, the draft α·(2:1) on the first two
+    and the rest uniformly on three others (the target's third among them): q − p̃ is then not
+    proportional to q, so a wrong residual changes the law."""
+    world = World(shared=True)
+    width = world.alignment.target_width
+    return _small(
+        world,
+        SyntheticSpec(0.6, width, seed=1, target_support=3, draft_extra=2),
+        SyntheticSpec(0.6, width, seed=1, target_support=2, draft_extra=3),
+    )
+
+
+@pytest.fixture(scope="module")
+def small_hetero_world() -> World:
+    """Different tokenizers: the three-token target has two tokens in O and one in C, which the
+    four-token draft (seed 65, found by search) also proposes."""
+    world = World(shared=False)
+    return _small(
+        world,
+        SyntheticSpec(0.6, world.alignment.target_width, seed=1, target_support=3, draft_extra=2),
+        SyntheticSpec(0.6, world.alignment.draft_width, seed=65, target_support=2, draft_extra=2),
+    )
+
+
+@pytest.fixture
+def scripted(monkeypatch: pytest.MonkeyPatch) -> Callable[..., dict]:
+    """law(world, method, **settings): the exact law of the first generated token."""
+    holder: dict[str, object] = {"rng": np.random.default_rng(0)}  # for `_first_position`
+    for module in (speculative, stream):
+        monkeypatch.setattr(module, "request_rng", lambda seed, side: holder["rng"])
+    monkeypatch.setattr(pipeline, "draft_rng", lambda seed, position: holder["rng"])
+    monkeypatch.setattr(speculative, "sample", _pick_counts)
+    monkeypatch.setattr(pipeline, "sample", _pick_counts)
+
+    def law(world: World, method: str, **settings: object) -> dict:
+        def run(rng: ScriptedRng) -> int:
+            holder["rng"] = rng
+            sim, _, _ = world.run(method, **{**SETTINGS, **settings})
+            return sim.tokens[0]
+
+        return exact_law(run, max_runs=20_000)
+
+    return law
+
+
+def _first_position(world: World, **settings: object) -> tuple[np.ndarray, np.ndarray]:
+    """(q, p̃) at the first position: the target's float q and the draft's 16-bit p̃."""
+    params = GenerationSettings(**{**SETTINGS, **settings}).sampling
+    world.target.reset()
+    q = target_probs(world.target.extend(PROMPT_IDS)[-1], params, world.alignment.target_valid)
+    edge = world.edge("naive", **{**SETTINGS, **settings})
+    world.draft.reset()
+    edge.draft_params = params  # repetition_penalty is 1 here, as the edge sets it
+    logits = world.draft.extend(PROMPT_IDS)[-1]
+    edge._take(logits)
+    return q, dequantize(edge.round.dists[0])
+
+
+def _speculative_law(q_accept: np.ndarray, p: np.ndarray, replace: np.ndarray) -> np.ndarray:
+    """One drafted token x ~ p̃, kept with min(1, q/p̃), else a token of `replace` (a law)."""
+    keep = np.where(p > 0, np.minimum(p, q_accept), 0.0)
+    return keep + (1.0 - keep.sum()) * replace
+
+
+def _as_vector(law: dict, width: int) -> np.ndarray:
+    out = np.zeros(width)
+    for token, prob in law.items():
+        out[token] = float(Fraction(prob))
+    return out
+
+
+def _assert_law(law: dict, expected: np.ndarray) -> None:
+    got = _as_vector(law, expected.size)
+    assert set(law) == set(np.flatnonzero(expected > 0).tolist())
+    assert np.abs(got - expected).max() < TOLERANCE, np.abs(got - expected).max()
+
+
+@pytest.mark.parametrize("method", ["sd", "ul", "xcosd-e", "ar"])
+def test_float_q_methods_draw_q_exactly(skewed_world: World, scripted, method: str) -> None:
+    q, _ = _first_position(skewed_world)
+    _assert_law(scripted(skewed_world, method), q / q.sum())
+
+
+@pytest.mark.parametrize("srdv", [{"srdv_k": 1, "srdv_m": 2}, {"srdv_k": 2, "srdv_m": 1}])
+def test_srdv_draws_q_exactly_for_any_k_and_m(skewed_world: World, scripted, srdv) -> None:
+    q, _ = _first_position(skewed_world)
+    _assert_law(scripted(skewed_world, "xcosd-e", **srdv), q / q.sum())
+
+
+@pytest.mark.parametrize("method", ["cosd", "naive", "picospec"])
+def test_methods_that_ship_q_draw_the_rounded_q_exactly(
+    skewed_world: World, scripted, method: str
+) -> None:
+    q, _ = _first_position(skewed_world)
+    q_hat = round_probs(q, SETTINGS["q_bits"]).probs
+    assert np.abs(q_hat - q).max() > 1e-7  # the rounding is visible at this temperature
+    _assert_law(scripted(skewed_world, method), q_hat)
+
+
+@pytest.mark.parametrize("piggyback", [True, False])
+def test_hybrid_resampling_draws_rounded_c_and_theta_o_spread_by_q(
+    small_hetero_world: World, scripted, piggyback: bool
+) -> None:
+    world = small_hetero_world
+    q, p = _first_position(world)
+    alignment = world.alignment
+    common = alignment.in_common
+    rounded = round_probs(hybrid_bins(q, common, alignment.common_target_ids), SETTINGS["q_bits"])
+    expected = np.zeros(q.size)
+    expected[alignment.common_target_ids] = rounded.probs[:-1]
+    o_mass = np.where(common, 0.0, q)
+    assert rounded.probs[-1] > 0.05 and o_mass.sum() > 0  # region O is really in play
+    expected += rounded.probs[-1] * o_mass / o_mass.sum()
+    assert np.any((p > 0) & (q > 0))  # the draft shares a token with q: acceptance in play
+    _assert_law(scripted(world, "xcosd", hr_piggyback=piggyback), expected)
+
+
+def test_greedy_replacement_replaces_by_the_argmax_exactly(skewed_world: World, scripted) -> None:
+    q, p = _first_position(skewed_world)
+    argmax = np.zeros(q.size)
+    argmax[int(np.argmax(q))] = 1.0
+    _assert_law(scripted(skewed_world, "gr"), _speculative_law(q, p, argmax))
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_truncated_residual_draws_the_residual_over_the_top_k_of_rounded_q(
+    skewed_world: World, scripted, k: int
+) -> None:
+    q, p = _first_position(skewed_world)
+    q_hat = round_probs(q, SETTINGS["q_bits"]).probs
+    top = np.argsort(-q_hat, kind="stable")[:k]
+    residual = np.zeros(q.size)
+    residual[top] = np.maximum(q_hat[top] - p[top], 0.0)
+    assert residual.sum() > 0
+    law = scripted(skewed_world, "tr", tr_k=k)
+    _assert_law(law, _speculative_law(q_hat, p, residual / residual.sum()))
