@@ -39,6 +39,7 @@ CASES: list[tuple[Callable[[], object], str]] = [
     (lambda: decay_factor(0.5, math.inf), "beta must be finite, got inf"),
     (lambda: decay_factor(0.5, 0.0), "beta must be > 0, got 0.0"),
     (lambda: geometric_shares(3, 2, 1.0), "eta must be in (0, 1), got 1.0"),
+    (lambda: geometric_shares(3, 2, math.nan), "eta must be finite, got nan"),
     (lambda: geometric_shares(3, 0, 0.5), "gamma must be an integer >= 1, got 0"),
     (lambda: geometric_shares(-1, 2, 0.5), "b_alloc must be an integer >= 0, got -1"),
     (
@@ -49,6 +50,7 @@ CASES: list[tuple[Callable[[], object], str]] = [
     (lambda: tree_budget(4, 1.0, float, 0), "gamma must be an integer >= 1, got 0"),
     (lambda: tree_budget(4, math.nan, float, 2), "window_s must be finite, got nan"),
     (lambda: Ewma(0.0), "EWMA weight must be in (0, 1], got 0.0"),
+    (lambda: Ewma(math.nan), "weight must be finite, got nan"),
     (lambda: Ewma(0.5).update(math.inf), "observation must be finite, got inf"),
     (
         lambda: fit_power_law([1, 2], [0.5]),
@@ -101,3 +103,10 @@ def test_the_capture_ranking_breaks_ties_towards_the_lower_id() -> None:
     residual = np.array([0.0, 0.1, 0.6, 0.3])
     proxy = np.array([5.0, 1.0, 1.0, 1.0])
     assert residual_capture(residual, proxy, 0, 3).tolist() == pytest.approx([0.1, 0.7, 1.0])
+
+
+def test_a_zero_reply_window_is_a_valid_observation() -> None:
+    """A reply may come back within the clock's resolution: a window of 0 s is data, not error."""
+    planner = BranchPlanner(4)
+    planner.observe_window(0.0)
+    assert planner.window.value == 0.0

@@ -28,6 +28,7 @@ from wanspec.protocols.base import (
     Start,
     request_rng,
 )
+from wanspec.protocols.budget import DEFAULT_POWER_LAW
 from wanspec.protocols.cache import CacheMirror
 from wanspec.protocols.registry import target_info
 from wanspec.protocols.settings import GenerationSettings
@@ -290,3 +291,34 @@ def test_a_byte_level_decoder_inside_a_sequence_still_matches_bytes() -> None:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
     assert matching_mode(tokenizer) == "byte_level"
     assert StopStringCriteria._get_stop_string_matching_mode(tokenizer) == "byte_level"
+
+
+# ----------------------------------------------------------------------------- the pipeline cache
+
+
+@pytest.mark.parametrize("gamma", [1, 3])
+def test_picospec_hits_exactly_the_rounds_whose_whole_chain_was_accepted(
+    shared_world: World, gamma: int
+) -> None:
+    """PicoSpec drafts only the continuation after the chain: a fully accepted chain must find it
+    (a hit), any rejection must redraft (a miss). The last round ends the run and looks nothing up.
+    A kept-path check that compares the wrong prefix turns hits into misses: same tokens, more
+    draft work, so only these counters show it."""
+    for seed in range(3):
+        _, edge, _ = shared_world.run("picospec", seed=seed, max_new_tokens=30, gamma=gamma)
+        looked_up = edge.accepted_per_round[:-1]
+        assert edge.counters.get("cache_hits", 0) == sum(a == gamma for a in looked_up) > 0
+        misses = sum(a < gamma for a in looked_up)
+        assert edge.counters.get("cache_misses", 0) == misses
+        # one tip, gamma passes, all done before the reply: a miss wastes gamma nodes, a hit none
+        assert edge.counters.get("wasted_tree_nodes", 0) == gamma * misses
+
+
+def test_acespec_learns_where_the_residual_lies_from_each_full_rejection_reply(
+    shared_world: World,
+) -> None:
+    """AceSpec fits its shape (beta) to the residual mass the draft's alternatives would have
+    captured, read off every reply that carries the whole target distribution."""
+    _, edge, _ = shared_world.run("acespec", seed=1, max_new_tokens=30, gamma=3, tree_budget=4)
+    assert edge.counters.get("cache_misses", 0) + edge.counters.get("cache_hits", 0) > 0
+    assert edge.planner.power_law != DEFAULT_POWER_LAW
