@@ -318,7 +318,11 @@ def test_acespec_learns_where_the_residual_lies_from_each_full_rejection_reply(
     shared_world: World,
 ) -> None:
     """AceSpec fits its shape (beta) to the residual mass the draft's alternatives would have
-    captured, read off every reply that carries the whole target distribution."""
+    captured, read off every reply that carries the whole target distribution, and counts the
+    branches it drafts."""
     _, edge, _ = shared_world.run("acespec", seed=1, max_new_tokens=30, gamma=3, tree_budget=4)
     assert edge.counters.get("cache_misses", 0) + edge.counters.get("cache_hits", 0) > 0
     assert edge.planner.power_law != DEFAULT_POWER_LAW
+    # every tree: the main continuation plus the planned alternatives (the draft has plenty)
+    planned = sum(sum(entry["fanout"]) for entry in edge.rounds_log)
+    assert edge.counters["tree_branches"] == planned > 0
