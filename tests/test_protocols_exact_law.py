@@ -199,3 +199,16 @@ def test_truncated_residual_draws_the_residual_over_the_top_k_of_rounded_q(
     assert residual.sum() > 0
     law = scripted(skewed_world, "tr", tr_k=k)
     _assert_law(law, _speculative_law(q_hat, p, residual / residual.sum()))
+
+
+@pytest.mark.parametrize("method", ["sd", "naive"])
+def test_the_tv_bound_sums_the_rounding_distance_of_each_decided_position(
+    skewed_world: World, method: str
+) -> None:
+    """`tv_bound` starts at 0 and adds TV(q, q̂) for every position decided with a rounded q̂:
+    one position here (γ = 1, one token), none for a method that decides with the float q."""
+    q, _ = _first_position(skewed_world)
+    _, _, cloud = skewed_world.run(method, **SETTINGS)
+    expected = round_probs(q, SETTINGS["q_bits"]).tv if method == "naive" else 0.0
+    assert expected == 0.0 or expected > 1e-7
+    assert cloud.counters["tv_bound"] == pytest.approx(expected, rel=1e-12, abs=0.0)
