@@ -13,7 +13,14 @@ from pathlib import Path
 from typing import Any
 
 from wanspec.bench.experiments import EXPERIMENTS
-from wanspec.bench.sweep import MANIFEST, SUMMARY, environment, finalize, markdown_table
+from wanspec.bench.sweep import (
+    MANIFEST,
+    SUMMARY,
+    current_lines,
+    environment,
+    finalize,
+    markdown_table,
+)
 
 HEADER = """# wanspec results
 
@@ -23,7 +30,7 @@ Generated {date} from the results under `{out}`. Every number below comes from t
 (virtual time from compute profiles, real models, exact wire sizes); each experiment lists the
 commands that produced it. The full configuration (`--config full`: the shared prompt sets of
 `../shared/data`, 100 prompts each, Qwen2.5-Coder-1.5B target) runs the same commands with
-`--config full`; on a 2-core CPU it takes days, not minutes.
+`--config full`; on a 2-core CPU it takes weeks, not minutes.
 """
 
 
@@ -54,6 +61,27 @@ def _environment_section(manifests: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _flat(settings: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in settings.items():
+        if isinstance(value, dict):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def cell_settings(lines: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the cells ran with: the settings every cell shares, and each varied one's values
+    (the configuration alone would not say, e.g., which profiles AceSpec's setups fix)."""
+    flats = [_flat(line["settings"]) for line in lines]
+    keys = list(dict.fromkeys(k for f in flats for k in f))
+    values = {k: list(dict.fromkeys(json.dumps(f.get(k)) for f in flats)) for k in keys}
+    shared = {k: json.loads(v[0]) for k, v in values.items() if len(v) == 1}
+    varied = {k: [json.loads(x) for x in v] for k, v in values.items() if len(v) > 1}
+    return {"every cell": shared, "varied": varied}
+
+
 def _runs_table(manifest: dict[str, Any]) -> str:
     rows = [
         {
@@ -78,7 +106,8 @@ def _experiment_section(folder: Path, report_dir: Path, several_envs: bool) -> l
     if several_envs:
         env = manifest["runs"][-1]["environment"]
         lines += [f"Environment: `{json.dumps(env, sort_keys=True)}`", ""]
-    settings = json.dumps(manifest["config"], indent=1, ensure_ascii=False)
+    _, lines_done = current_lines(folder)
+    settings = json.dumps(cell_settings(lines_done), indent=1, ensure_ascii=False)
     lines += [
         "<details><summary>Settings</summary>",
         "",
