@@ -9,6 +9,8 @@ vocabulary width let through) or a check that lost its condition fails.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from wanspec import wire
@@ -22,6 +24,7 @@ from wanspec.protocols.base import (
     Send,
     Start,
 )
+from wanspec.protocols.registry import make_cloud
 from worlds import PROMPT_IDS, World
 
 GAMMA = 3
@@ -151,3 +154,46 @@ def test_sd_refuses_a_follow_up_that_is_not_the_rejected_positions_distribution(
     follow_up = cloud.handle(MessageReceived(wire.CandidatesRequest(0, 1)))
     reason = "expected the draft distribution of the rejected position"
     assert _error(follow_up) == (int(ErrorCode.PROTOCOL), reason)
+
+
+# ----------------------------------------------------------------------------- the handshake
+
+
+def test_the_edge_refuses_a_cloud_running_another_target_model(shared_world: World) -> None:
+    edge = shared_world.edge("naive", max_new_tokens=4)
+    edge.handle(Start())
+    fp = edge.fingerprints
+    ack = wire.HelloAck(wire.WIRE_VERSION, "another model", fp.target_tokenizer, {})
+    reason = "the cloud runs a different target model"
+    assert _error(edge.handle(MessageReceived(ack))) == (int(ErrorCode.MISMATCH), reason)
+
+
+def _opening(world: World, method: str, **settings) -> list:
+    """The Hello and StartRequest an edge of `method` opens with."""
+    edge = world.edge("naive", max_new_tokens=4)
+    hello, request = [a.msg for a in edge.handle(Start()) if isinstance(a, Send)]
+    return [dataclasses.replace(hello, method=method), dataclasses.replace(request, **settings)]
+
+
+def test_the_cloud_refuses_bad_settings_and_a_shared_only_method_with_their_codes(
+    hetero_world: World,
+) -> None:
+    cloud = make_cloud(hetero_world.info)
+    hello, request = _opening(hetero_world, "naive", settings={"gamma": 0})
+    assert cloud.handle(MessageReceived(hello))  # the HelloAck
+    code, message = _error(cloud.handle(MessageReceived(request)))
+    assert code == int(ErrorCode.BAD_SETTINGS) and message.startswith("bad settings: invalid")
+    hello, _ = _opening(hetero_world, "sd")
+    reason = "method 'sd' needs a shared vocabulary, but the draft and target tokenizers differ"
+    code_reason = _error(make_cloud(hetero_world.info).handle(MessageReceived(hello)))
+    assert code_reason == (int(ErrorCode.UNSUPPORTED), reason)
+
+
+def test_the_edge_closes_the_session_saying_it_is_done(shared_world: World) -> None:
+    sim, _, _ = shared_world.run("naive", trace=True, max_new_tokens=5)
+    closes = [
+        rec.info["msg"]
+        for rec in sim.trace
+        if rec.what == "send" and isinstance(rec.info["msg"], wire.Close)
+    ]
+    assert closes == [wire.Close("done")]
