@@ -292,3 +292,12 @@ def test_each_scored_set_gives_its_own_reference_full_marks(name: str) -> None:
     metric = METRICS[prompts.task]
     golds = [gold_answer(prompts.task, r) for r in prompts.records]
     assert metric.score([r["reference"] for r in prompts.records], golds) == pytest.approx(100.0)
+
+
+def test_every_configuration_sizes_every_experiment() -> None:
+    """`--config NAME` must work for every experiment the report runs (the moderate size once
+    had no capacity setup, so `wanspec bench capacity --config moderate` refused)."""
+    from wanspec.bench import acespec, capacity
+
+    for setups in (acespec.SETUPS, capacity.SETUPS, capacity.REAL_SETUPS):
+        assert set(setups) == set(CONFIGS)

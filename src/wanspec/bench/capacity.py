@@ -74,6 +74,7 @@ SETUPS: dict[str, CapacitySetup] = {
         clouds=PAPER_CLOUDS, rtts_s=(0.05, 0.15), edges=(1, 2, 4, 8, 16, 32, 64), max_new_tokens=256
     ),
 }
+SETUPS["moderate"] = SETUPS["quick"]  # the synthetic pair costs seconds: no smaller run needed
 
 
 # real models decide the tokens (`capacity-real`): AceSpec's Qwen pair, shared vocabulary
@@ -84,6 +85,14 @@ REAL_SETUPS: dict[str, CapacitySetup] = {
         rtts_s=(0.05, 0.15),
         edges=(1, 2, 4, 8),
         max_new_tokens=32,
+        pair=REAL_SHARED,
+        dataset="gsm8k",
+    ),
+    "moderate": CapacitySetup(  # docs/RESULTS.md: minutes on one CPU core
+        clouds=PAPER_CLOUDS[1:2],
+        rtts_s=(0.05,),
+        edges=(1, 2, 4),
+        max_new_tokens=16,
         pair=REAL_SHARED,
         dataset="gsm8k",
     ),
