@@ -103,6 +103,7 @@ def _stats(method: str, sim: SimResult, edge: Any, cloud: Any) -> dict[str, Any]
     rounds = len(per_round)
     up, down = sim.bits["up"], sim.bits["down"]
     gaps = sim.inter_token_s
+    decode_tokens, decode_time_s = sim.decode_span
     stats: dict[str, Any] = {
         "method": method,
         "new_tokens": n,
@@ -110,8 +111,8 @@ def _stats(method: str, sim: SimResult, edge: Any, cloud: Any) -> dict[str, Any]
         "time_s": sim.duration_s,
         "tokens_per_s": sim.tokens_per_s,
         "ttft_s": sim.ttft_s,
-        "decode_tokens": sim.decode_span[0],
-        "decode_time_s": sim.decode_span[1],
+        "decode_tokens": decode_tokens,
+        "decode_time_s": decode_time_s,
         "per_token_latency_s": (sim.duration_s / n) if n else None,
         "mean_inter_token_s": (sum(gaps) / len(gaps)) if gaps else None,
         "rounds": rounds,
