@@ -287,6 +287,9 @@ def test_split_inference_sends_activations_and_matchesgreedy(tiny_pair_shared) -
     split = wanspec.generate(pair, "hello world", "split", max_new_tokens=10, temperature=0)
     ar = wanspec.generate(pair, "hello world", "ar", max_new_tokens=10, temperature=0)
     assert split.token_ids == ar.token_ids
+    # the edge's busy time is its embedding passes, the cloud's the rest of the target
+    assert set(split.sim.compute_by_tag["edge"]) == {"embed"}
+    assert set(split.sim.compute_by_tag["cloud"]) == {"forward"}
     hidden = pair.target.config.hidden_size
     prompt_rows = len(pair.target_encode("hello world"))
     activations = split.stats["bits_by_type"]["HiddenStates"]

@@ -85,25 +85,29 @@ def _ints(values: Iterable[Any], what: str) -> tuple[int, ...]:
     return tuple(_index(v, what) for v in values)
 
 
-def _candidate_pairs(values: Iterable[Any], what: str) -> tuple[tuple[int, float], ...]:
-    """(id, q(id)) pairs: an integer id and a real probability, kept as a float64."""
+def _pairs(values: Iterable[Any], shape: str) -> list[tuple[Any, Any]]:
+    """The items of `values` as 2-tuples; a WireError saying `shape` if they are not pairs."""
     try:
-        out = tuple((_index(a, what), b) for a, b in values)
+        return [(a, b) for a, b in values]
     except (TypeError, ValueError) as exc:
-        raise WireError(f"{what} must be (id, probability) pairs") from exc
+        raise WireError(f"{shape} pairs") from exc
+
+
+def _candidate_pairs(values: Iterable[Any]) -> tuple[tuple[int, float], ...]:
+    """SR-DV's (id, q(id)) pairs: an integer id and a real probability, kept as a float64."""
+    shape = "candidates must be (id, probability)"
+    out = [(_index(tid, "candidate id"), q) for tid, q in _pairs(values, shape)]
     real = (int, float, np.floating, np.integer)
     if not all(isinstance(q, real) and not isinstance(q, bool) for _, q in out):
-        raise WireError(f"{what} must be (id, probability) pairs")
+        raise WireError(f"{shape} pairs")
     return tuple((tid, float(q)) for tid, q in out)
 
 
 def _pieces(values: Iterable[Any]) -> tuple[tuple[int, str], ...]:
-    try:
-        out = tuple((_index(tid, "piece id"), piece) for tid, piece in values)
-    except (TypeError, ValueError) as exc:
-        raise WireError("pieces must be (id, str) pairs") from exc
+    shape = "pieces must be (id, str)"
+    out = tuple((_index(tid, "piece id"), piece) for tid, piece in _pairs(values, shape))
     if not all(isinstance(piece, str) for _, piece in out):
-        raise WireError("pieces must be (id, str) pairs")
+        raise WireError(f"{shape} pairs")
     return out
 
 
@@ -409,7 +413,7 @@ class VerifyResult:
         _set(self, "theta_o", _opt_index(self.theta_o, "theta_o"))
         _set(self, "o_token", _opt_index(self.o_token, "o_token"))
         if self.candidates is not None:
-            _set(self, "candidates", _candidate_pairs(self.candidates, "candidates"))
+            _set(self, "candidates", _candidate_pairs(self.candidates))
         _set(self, "pieces", _pieces(self.pieces))
         _set(self, "truncated", bool(self.truncated))
         _set(self, "finished", bool(self.finished))
@@ -437,7 +441,7 @@ class Candidates:
 
     def __post_init__(self) -> None:
         _set(self, "round", _index(self.round, "round"))
-        _set(self, "candidates", _candidate_pairs(self.candidates, "candidates"))
+        _set(self, "candidates", _candidate_pairs(self.candidates))
         _set(self, "pieces", _pieces(self.pieces))
 
 
