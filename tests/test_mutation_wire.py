@@ -403,6 +403,11 @@ REFUSALS = [
     (CandidatesRequest(0, 1025), "k = 1025 outside [1, 1024]"),
     (Resume("s", 0, 0, (1 << 20,) * 2),
      "prefix: token id 1048576 outside the vocabulary [0, 262144)"),
+    (Error(-(1 << 62) - 1, "x"),
+     "error code = -4611686018427387905 outside [-4611686018427387904, 4611686018427387903]"),
+    (Error(1 << 62, "x"),
+     "error code = 4611686018427387904 outside [-4611686018427387904, 4611686018427387903]"),
+    (Resume("s", 0, 0, (0,) * ((1 << 20) + 1)), "prefix: 1048577 ids, limit 1048576"),
     (7, "not a wire message: int"),
 ]  # fmt: skip
 
@@ -425,9 +430,44 @@ def test_what_would_not_decode_is_refused_before_sending_with_its_exact_reason(
         (DraftWithDists(0, 0, (), (1, 2), (), 4, (0, 1), (Dist(4, [2], [65_535]),) * 2),
          Limits(max_dists=1), "2 dists, limit 1"),
         (Draft(0, 0, (), (1, 2)), Limits(max_tokens=1), "tokens: 2 ids, limit 1"),
+        (HiddenStates(0, np.ones((0, 5), np.float16)), Limits(max_hidden=4),
+         "hidden states dim = 5 outside [0, 4]"),
     ],
 )  # fmt: skip
 def test_the_senders_limits_are_refused_by_name(msg: object, limits: Limits, error: str) -> None:
     with pytest.raises(WireError) as err:
         validate(msg, limits)
+    assert str(err.value) == error
+
+
+def test_the_widest_values_each_rule_allows_travel() -> None:
+    """The edges of the ranges above: an error code of ±2^62 − 1 / −2^62 (zigzag keeps them
+    in 63 bits) and a resumed session's whole output as its prefix, past the token limit."""
+    for msg in (
+        Error(-(1 << 62), "x"),
+        Error((1 << 62) - 1, "x"),
+        Resume("s", 0, 0, tuple(range(2000))),
+    ):
+        assert decode(encode(msg)) == msg
+
+
+@pytest.mark.parametrize(
+    ("msg", "declared", "error"),
+    [
+        (Tokens((1, 2, 3)), 1000 << 1, "truncated ids: needs 1000 bytes, 3 left"),
+        (Draft(0, 0, (), (1, 2, 3)), 1000 << 2, "truncated tokens: needs 1000 bytes, 3 left"),
+    ],
+)
+def test_a_count_past_the_payload_fails_before_any_id_is_read(
+    msg: object, declared: int, error: str
+) -> None:
+    """A claimed count is checked against the bytes present first (no work for a lie)."""
+    full = encode(msg)
+    code, start, _ = parse_header(full)
+    payload = full[start:]
+    head = bytes((0x80 | declared & 0x7F, declared >> 7))  # the count as a 2-byte varint
+    at = 0 if isinstance(msg, Tokens) else 2  # Draft: after round and base (one byte each)
+    patched = payload[:at] + head + payload[at + 1 :]
+    with pytest.raises(WireError) as err:
+        decode(_frame(code, patched))
     assert str(err.value) == error
