@@ -41,6 +41,7 @@ from wanspec.wire import (
     decode,
     encode,
     parse_header,
+    sparse_size,
     validate,
 )
 
@@ -75,9 +76,9 @@ FULL = {
 }  # fmt: skip
 
 # The fields a truncated payload is found short in, in wire order: each decoder's layout. A
-# field is missing from a list only where the decoder's count check (each element needs at least
-# one byte) fails first on every cut inside it: the ids of SR-DV candidates, DraftWithDists'
-# positions and its first distribution's header. Those names are pinned by LIMIT_CASES below.
+# field is missing from a list only where the decoder's count check (the least bytes each element
+# takes) fails first on every cut inside it: the ids of SR-DV candidates, DraftWithDists'
+# positions and its whole first distribution. LIMIT_CASES below pins those names.
 LAYOUT = {
     Hello: ["protocol_version", "role length", "method length", "target_model length",
             "target_tokenizer length", "draft_tokenizer length"],
@@ -91,7 +92,7 @@ LAYOUT = {
     Resumed: ["received"],
     Draft: ["round", "base", "token count", "tokens", "committed count", "committed", "probs"],
     DraftWithDists: ["round", "base", "token count", "tokens", "committed count", "committed",
-                     "probs", "width", "dist count", "dists[0]", "dists[1] precision",
+                     "probs", "width", "dist count", "dists[1] precision",
                      "dists[1] tag", "dists[1]", "dists[1] counts"],
     HiddenStates: ["round", "hidden states ndim", "hidden states dim", "hidden states"],
     VerifyResult: ["round", "accepted", "flags", "token", "dist width", "dist precision",
@@ -471,3 +472,56 @@ def test_a_count_past_the_payload_fails_before_any_id_is_read(
     with pytest.raises(WireError) as err:
         decode(_frame(code, patched))
     assert str(err.value) == error
+
+
+def _vlen(value: int) -> int:
+    """Bytes of an unsigned LEB128 varint, counted the slow way (independent of the codec)."""
+    return 1 + (value >= 128) + (value >= 1 << 14) + (value >= 1 << 21)
+
+
+@pytest.mark.parametrize("n", [125, 126, 127])
+def test_a_sparse_distribution_costs_what_its_varints_take_at_the_tag_boundary(n: int) -> None:
+    """The tag is n + 1: one byte up to 126 entries, two from 127 (bits are counted from it)."""
+    ids = np.arange(n) * 1000
+    dist = Dist(V, ids, [1] * (n - 1) + [65_535 - (n - 1)])
+    size = _vlen(n + 1) + sum(_vlen(g) for g in np.diff(ids, prepend=-1) - 1)
+    size += sum(_vlen(int(c)) for c in dist.counts)
+    assert sparse_size(dist) == size
+    payload = 4 + _vlen(V) + size  # round, accepted, flags, precision (a byte each), width
+    assert len(encode(VerifyResult(0, 0, dist=dist))) == 2 + _vlen(payload) + payload
+
+
+def test_a_tag_past_the_width_is_refused_by_name() -> None:
+    """Sparse tags count entries + 1, so a tag over width + 1 cannot be a distribution."""
+    full = encode(VerifyResult(0, 0, dist=Dist(4, [0, 1, 2, 3], [65_532, 1, 1, 1])))
+    code, start, _ = parse_header(full)
+    payload = bytearray(full[start:])
+    assert payload[3:6] == bytes((4, 16, 0))  # width, precision, tag 0 (dense)
+    payload[5] = 6
+    with pytest.raises(WireError) as err:
+        decode(_frame(code, bytes(payload)))
+    assert str(err.value) == "dist tag = 6 exceeds the limit 5"
+
+
+def test_the_smallest_distribution_fits_the_least_bytes_a_distribution_takes() -> None:
+    """Six bytes: its position's gap, precision, tag and one count of 2^16 − 1 (dense, width 1).
+    A claimed number of distributions is checked against six bytes each, before any is read."""
+    one = DraftWithDists(0, 0, (), (1,), (), 1, (0,), (Dist(1, [0], [65_535]),))
+    frame = encode(one)
+    assert decode(frame) == one
+    assert frame[-6:] == bytes((0, 16, 0, 0xFF, 0xFF, 0x03))
+    two = DraftWithDists(0, 0, (), (1, 2), (), 1, (0, 1), one.dists * 2)
+    full = encode(two)
+    code, start, _ = parse_header(full)
+    payload = full[start:-1]  # one byte short of two minimal distributions
+    with pytest.raises(WireError) as err:
+        decode(_frame(code, payload))
+    assert str(err.value) == "dist count = 2 needs at least 12 bytes, 11 left"
+
+
+def test_hidden_states_hold_a_read_only_float16_copy() -> None:
+    source = np.arange(6, dtype=np.float32).reshape(2, 3)
+    msg = HiddenStates(0, source)
+    source[0, 0] = 99
+    assert msg.data.dtype == np.float16 and msg.shape == (2, 3) and msg.data[0, 0] == 0
+    assert not msg.data.flags.writeable

@@ -7,6 +7,8 @@ exactly one encoding (decode then re-encode gives the same bytes).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 from wanspec.wire.errors import WireError
@@ -53,8 +55,9 @@ class Writer:
         """Append many varints at once (no count prefix)."""
         self.buf += varints_bytes(values)
 
-    def u16s(self, values: np.ndarray) -> None:
-        self.buf += np.asarray(values).astype(_U16, copy=False).tobytes()
+    def u16s(self, values: Sequence[int]) -> None:
+        """Append little-endian uint16s (the caller has checked their range)."""
+        self.buf += np.asarray(values, dtype=np.int64).astype(_U16).tobytes()
 
     def raw(self, data: bytes) -> None:
         self.buf += data

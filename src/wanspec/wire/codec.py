@@ -63,10 +63,6 @@ def _get_ids(r: Reader, n: int, what: str, limits: Limits) -> tuple[int, ...]:
     return tuple(r.varints(n, what, limits.id_bound - 1).tolist())
 
 
-def _put_u16s(w: Writer, values: Sequence[int]) -> None:
-    w.raw(struct.pack(f"<{len(values)}H", *values))
-
-
 def _get_u16s(r: Reader, n: int, what: str) -> tuple[int, ...]:
     return tuple(r.u16s(n, what).tolist())
 
@@ -300,7 +296,7 @@ def _get_probs(r: Reader, n: int) -> tuple[int, ...]:
 
 def _enc_draft(w: Writer, m: Draft) -> None:
     _enc_draft_head(w, m)
-    _put_u16s(w, m.probs)
+    w.u16s(m.probs)
 
 
 def _dec_draft(r: Reader, limits: Limits) -> Draft:
@@ -309,9 +305,15 @@ def _dec_draft(r: Reader, limits: Limits) -> Draft:
     return Draft(rnd, base, committed, tokens, probs)
 
 
+# A distribution in a DraftWithDists takes at least 6 bytes: its position's gap, the precision,
+# the tag and the counts of a complete distribution (their varints sum to at least 2^16 − 1: 3
+# bytes); a claimed count of distributions is checked against that before any is read.
+_MIN_DIST_BYTES = 6
+
+
 def _enc_draft_dists(w: Writer, m: DraftWithDists) -> None:
     _enc_draft_head(w, m)
-    _put_u16s(w, m.probs)
+    w.u16s(m.probs)
     w.varint(m.width)
     w.varint(len(m.dists))
     _put_increasing(w, m.dist_positions)
@@ -323,7 +325,7 @@ def _dec_draft_dists(r: Reader, limits: Limits) -> DraftWithDists:
     rnd, base, tokens, committed, has_probs = _dec_draft_head(r, limits)
     probs = _get_probs(r, len(tokens)) if has_probs else ()
     width = r.varint("width", min(limits.max_width, limits.id_bound))
-    n = r.count("dist count", min(limits.max_dists, len(tokens)), 2)
+    n = r.count("dist count", min(limits.max_dists, len(tokens)), _MIN_DIST_BYTES)
     positions = tuple(_get_increasing(r, n, "dist_positions", len(tokens)).tolist())
     dists = tuple(_get_dist_body(r, width, f"dists[{k}]") for k in range(n))
     return DraftWithDists(rnd, base, committed, tokens, probs, width, positions, dists)
