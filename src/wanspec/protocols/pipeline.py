@@ -281,7 +281,6 @@ class PipelineEdge(SpecEdge):
         keep = self.compute("keep", KeepTreePath(tuple(branch.nodes[:gamma])))
         self.cache.assume([*self.draft_ctx, *branch.draft_ids[: gamma - 1]])
         self.spec = None
-        self.state = EdgeState.DRAFTING
         self.round_ctx = list(self.draft_ctx)
         self.round = Round(self._rounds, self.generated - len(self.pending_echo))
         self._rounds += 1
