@@ -30,7 +30,7 @@ from wanspec.protocols.base import (
 )
 from wanspec.protocols.budget import DEFAULT_POWER_LAW
 from wanspec.protocols.cache import CacheMirror
-from wanspec.protocols.registry import target_info
+from wanspec.protocols.registry import make_edge, target_info
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.protocols.stopping import _is_byte_token, matching_mode
 from wanspec.protocols.stream import SplitCloud
@@ -326,3 +326,48 @@ def test_acespec_learns_where_the_residual_lies_from_each_full_rejection_reply(
     # every tree: the main continuation plus the planned alternatives (the draft has plenty)
     planned = sum(sum(entry["fanout"]) for entry in edge.rounds_log)
     assert edge.counters["tree_branches"] == planned > 0
+
+
+# ----------------------------------------------------------------------------- building the edge
+def _edge(world: World, method: str, target_encode=None, **settings):
+    return make_edge(
+        method,
+        alignment=world.alignment,
+        prompt="hello",
+        settings=GenerationSettings(**settings),
+        draft_encode=lambda _: [1, 2],
+        target_decode=lambda ids: " ".join(map(str, ids)),
+        target_encode=target_encode,
+    )
+
+
+def test_the_edges_stop_rules_see_the_prompt_in_target_ids(shared_world: World) -> None:
+    """transformers matches stop strings across the prompt/output boundary, so the edge's stop
+    rules start from the prompt's target ids (encoded only when there are stop strings)."""
+    encoded: list[str] = []
+
+    def target_encode(text: str) -> list[int]:
+        encoded.append(text)
+        return [7, 8, 9]
+
+    assert _edge(shared_world, "ar", target_encode, stop=("x",)).stop_context == [7, 8, 9]
+    assert encoded == ["hello"]
+    assert _edge(shared_world, "ar", target_encode).stop_context == []
+    assert encoded == ["hello"]
+
+
+def test_edges_that_cannot_run_are_refused_with_the_reason(
+    shared_world: World, hetero_world: World
+) -> None:
+    with pytest.raises(ValueError) as err:
+        _edge(hetero_world, "cosd")
+    assert str(err.value) == (
+        "method 'cosd' needs a shared vocabulary, but the draft and target tokenizers differ; "
+        "use 'naive', 'xcosd' or 'xcosd-e' for a heterogeneous pair"
+    )
+    with pytest.raises(ValueError) as err:
+        _edge(shared_world, "split")
+    assert str(err.value) == "split inference needs the target tokenizer on the edge"
+    with pytest.raises(ValueError) as err:
+        _edge(shared_world, "split", lambda _: [1], repetition_penalty=1.2)
+    assert str(err.value) == "split inference cannot apply a repetition penalty (see stream.py)"
