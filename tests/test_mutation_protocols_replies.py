@@ -24,7 +24,7 @@ from wanspec.protocols.base import (
     Send,
     Start,
 )
-from wanspec.protocols.registry import make_cloud
+from wanspec.protocols.registry import METHODS, make_cloud
 from worlds import PROMPT_IDS, World
 
 GAMMA = 3
@@ -197,3 +197,19 @@ def test_the_edge_closes_the_session_saying_it_is_done(shared_world: World) -> N
         if rec.what == "send" and isinstance(rec.info["msg"], wire.Close)
     ]
     assert closes == [wire.Close("done")]
+
+
+def test_the_cloud_refuses_an_unknown_method_and_another_target_with_their_codes(
+    shared_world: World,
+) -> None:
+    hello, _ = _opening(shared_world, "nope")
+    code, message = _error(make_cloud(shared_world.info).handle(MessageReceived(hello)))
+    head = "unknown method 'nope'; known methods: "
+    assert code == int(ErrorCode.UNSUPPORTED) and message.startswith(head)
+    assert set(METHODS) <= set(message.removeprefix(head).split(", "))
+    for field in ("target_tokenizer", "target_model"):
+        other = dataclasses.replace(hello, method="naive", **{field: "f" * 64})
+        code, message = _error(make_cloud(shared_world.info).handle(MessageReceived(other)))
+        what = field.replace("_", " ")
+        assert code == int(ErrorCode.MISMATCH), field
+        assert message.startswith(f"the edge expects {what} ffffffffffff, this cloud runs ")

@@ -283,9 +283,11 @@ def test_flags_hold_plain_bools(cls: type, name: str) -> None:
 
 
 def test_candidate_pairs_and_pieces_hold_plain_values_and_refuse_other_shapes() -> None:
-    msg = Candidates(np.int64(1), [(np.int64(9), np.float32(0.5))], [(np.int64(9), "x")])
-    assert msg.candidates == ((9, 0.5),) and msg.pieces == ((9, "x"),)
-    assert [type(v) for v in msg.candidates[0]] == [int, float] and type(msg.pieces[0][0]) is int
+    cands, pieces = [[np.int64(9), np.float32(0.5)]], [[np.int64(9), "x"]]
+    for msg in (Candidates(1, cands, pieces), VerifyResult(1, 0, candidates=cands, pieces=pieces)):
+        assert msg.candidates == ((9, 0.5),) and msg.pieces == ((9, "x"),)
+        assert [type(v) for v in msg.candidates[0]] == [int, float]
+        assert type(msg.pieces) is tuple and type(msg.pieces[0][0]) is int
     bad = {
         "candidates must be (id, probability) pairs": [
             {"candidates": [(9, "0.5")]}, {"candidates": [(9, True)]}, {"candidates": [9]},
