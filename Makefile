@@ -20,9 +20,10 @@ demo: setup
 lint: setup
 	$(PY) -m ruff check src tests
 
-# The whole suite, real pretrained models included (pulled from the registry on first use).
+# The whole suite, real pretrained models included (pulled from the registry on first use); the
+# 20 slowest tests are listed at the end, to keep an eye on the suite's time.
 test: lint
-	WANSPEC_VERYSLOW=1 $(PY) -m pytest -q
+	WANSPEC_VERYSLOW=1 $(PY) -m pytest -q --durations=20
 
 # Mutation testing, not part of `make test` or CI (docs/MUTATION.md): it mutates the packages
 # below and runs the fast tests named in pyproject's [tool.mutmut] against each mutant, then prints
