@@ -15,7 +15,7 @@ import enum
 import pytest
 
 from wanspec import wire
-from wanspec.models.jobs import Forward
+from wanspec.models.jobs import Forward, session_executor
 from wanspec.protocols.base import (
     Cancel,
     ComputeDone,
@@ -30,11 +30,12 @@ from wanspec.protocols.base import (
 )
 from wanspec.protocols.budget import DEFAULT_POWER_LAW
 from wanspec.protocols.cache import CacheMirror
-from wanspec.protocols.registry import make_edge, target_info
+from wanspec.protocols.registry import build_machines, make_edge, target_info
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.protocols.stopping import _is_byte_token, matching_mode
 from wanspec.protocols.stream import SplitCloud
-from worlds import World
+from wanspec.sim import Link, simulate
+from worlds import FLAT_PROFILE, PROMPT_IDS, World
 
 # ----------------------------------------------------------------------------- random streams
 
@@ -371,3 +372,33 @@ def test_edges_that_cannot_run_are_refused_with_the_reason(
     with pytest.raises(ValueError) as err:
         _edge(shared_world, "split", lambda _: [1], repetition_penalty=1.2)
     assert str(err.value) == "split inference cannot apply a repetition penalty (see stream.py)"
+
+
+def test_build_machines_gives_both_machines_the_pairs_callables(shared_world: World) -> None:
+    """The in-process builder (benchmarks, simulator analyses): the edge encodes its stop
+    context and decodes its stop checks with the pair's target tokenizer, the cloud serves the
+    target model."""
+    decoded: list[list[int]] = []
+
+    def target_decode(ids: list[int]) -> str:
+        decoded.append(list(ids))
+        return " ".join(map(str, ids))
+
+    draft, target = shared_world.draft, shared_world.target
+    edge, cloud = build_machines(
+        "naive",
+        draft_lm=draft,
+        target_lm=target,
+        alignment=shared_world.alignment,
+        draft_encode=lambda _: list(PROMPT_IDS),
+        target_encode=lambda _: list(PROMPT_IDS),
+        target_decode=target_decode,
+        prompt="synthetic",
+        settings=GenerationSettings(max_new_tokens=5, stop=("never",)),
+    )
+    executors = dict(edge_executor=session_executor(draft), cloud_executor=session_executor(target))
+    link = Link(bandwidth_bps=1e6, rtt_s=0.02)
+    sim = simulate(edge, cloud, link, FLAT_PROFILE, FLAT_PROFILE, **executors)
+    assert len(sim.tokens) == 5 and sim.finish_reason == "length"
+    assert edge.stop_context == PROMPT_IDS
+    assert decoded and decoded[-1] == [*PROMPT_IDS, *sim.tokens]
