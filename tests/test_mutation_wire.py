@@ -38,12 +38,14 @@ from wanspec.wire import (
     Tokens,
     VerifyResult,
     WireError,
+    codec,
     decode,
     encode,
     parse_header,
     sparse_size,
     validate,
 )
+from wanspec.wire.validate import settings_json
 
 V = 151_936  # a real target width (Qwen2.5)
 
@@ -527,3 +529,107 @@ def test_hidden_states_hold_a_read_only_float16_copy() -> None:
     source[0, 0] = 99
     assert msg.data.dtype == np.float16 and msg.shape == (2, 3) and msg.data[0, 0] == 0
     assert not msg.data.flags.writeable
+
+
+# ------------------------------------------------------------ boundaries make mutate found open
+def test_settings_travel_in_one_canonical_form_whatever_their_key_order() -> None:
+    """Equal settings must give equal bytes: the cloud compares them and bits are counted."""
+    one, other = {"b": 1, "a": [2, "é"]}, {"a": [2, "é"], "b": 1}
+    assert settings_json(one) == settings_json(other) == '{"a":[2,"é"],"b":1}'
+    assert encode(StartRequest(0, "p", one)) == encode(StartRequest(0, "p", other))
+
+
+@pytest.mark.parametrize(
+    ("text", "error"),
+    [
+        (b'{"b":2,"a":1}', "settings must be a JSON object in canonical compact form"),
+        (b'{"a":1,"a":2}', "settings are not valid JSON: settings JSON repeats a key"),
+        (b'{"a":1,"b":N}',
+         "settings are not valid JSON: Expecting value: line 1 column 12 (char 11)"),
+    ],
+)  # fmt: skip
+def test_settings_text_a_peer_did_not_write_canonically_is_refused(text: bytes, error: str) -> None:
+    frame = _patched(StartRequest(0, "p", {"a": 1, "b": 2}), b'{"a":1,"b":2}', text)
+    with pytest.raises(WireError) as err:
+        decode(frame)
+    assert str(err.value) == error
+
+
+def test_an_unknown_type_is_refused_from_the_second_byte() -> None:
+    """A stream fails as soon as the bytes seen are invalid, not when the length arrives."""
+    with pytest.raises(WireError) as err:
+        parse_header(bytes((0xA0 | WIRE_VERSION, 250)))
+    assert str(err.value) == "unknown message type 250"
+    assert parse_header(bytes((0xA0 | WIRE_VERSION, encode(Close("x"))[1]))) is None
+
+
+@pytest.mark.parametrize(
+    ("header", "error"),
+    [
+        (b"\x80\x00", "non-minimal varint for payload length"),
+        (b"", "truncated frame header"),
+    ],
+)
+def test_a_bad_frame_header_is_named(header: bytes, error: str) -> None:
+    frame = bytes((0xA0 | WIRE_VERSION, encode(Close("x"))[1])) + header
+    with pytest.raises(WireError) as err:
+        decode(frame)
+    assert str(err.value) == error
+
+
+def test_the_decoders_safety_net_names_the_internal_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parser bug must still surface as a WireError (the server drops only that client),
+    naming what went wrong inside."""
+    frame = encode(Close("x"))
+    cls, enc, _ = codec._TYPES[frame[1]]
+
+    def broken(r: object, limits: Limits) -> None:
+        raise KeyError("lost")
+
+    monkeypatch.setitem(codec._TYPES, frame[1], (cls, enc, broken))
+    with pytest.raises(WireError) as err:
+        decode(frame)
+    assert str(err.value) == "malformed frame (internal KeyError: 'lost')"
+
+
+def test_a_string_of_exactly_the_limit_travels() -> None:
+    limits = Limits(max_string=3)
+    for msg in (Close("abc"), Close("é1")):
+        validate(msg, limits)
+        assert decode(encode(msg), limits) == msg
+
+
+def test_a_string_that_is_not_utf8_is_refused_by_name() -> None:
+    with pytest.raises(WireError) as err:
+        decode(_patched(Close("ab"), b"ab", b"\xff\xfe"))
+    assert str(err.value) == "close reason is not valid UTF-8: invalid start byte"
+
+
+def test_pieces_may_name_every_candidate_the_token_and_the_o_token_but_no_more() -> None:
+    """Pieces travel for the candidates plus at most two more ids (token and O-token), so a
+    receiver caps their count at max_candidates + 2 (it travels as count - 1)."""
+    limits = Limits(max_candidates=1)
+    fits = VerifyResult(0, 0, token=6, dist=_HALF, theta_o=100, o_token=7,
+                        candidates=((5, 1.0),), pieces=((5, "a"), (6, "b"), (7, "c")))  # fmt: skip
+    assert decode(encode(fits), limits) == fits
+    code, start, _ = parse_header(encode(fits))
+    payload = bytearray(encode(fits)[start:])
+    at = payload.index(b"\x01a\x01b\x01c") - 4  # count - 1, then the ids' gaps: 5, 0, 0
+    assert payload[at] == 2  # three pieces
+    payload[at] = 3
+    with pytest.raises(WireError) as err:
+        decode(_frame(code, bytes(payload)), limits)
+    assert str(err.value) == "piece count = 3 exceeds the limit 2"
+
+
+def test_an_overlong_varint_in_a_long_id_list_is_refused_by_name() -> None:
+    """Lists of more than 16 ids are read vectorised; that path names its field too."""
+    frame = encode(Tokens((1,) * 20))
+    code, start, _ = parse_header(frame)
+    payload = frame[start:]
+    assert payload[:2] == bytes((20 << 1, 1))  # count << 1 | finished, first id
+    longest = len(encode(Tokens((Limits().id_bound - 1,)))) - 4  # bytes of the widest id
+    overlong = bytes((0x81,) + (0x80,) * longest + (0x00,))
+    with pytest.raises(WireError) as err:
+        decode(_frame(code, payload[:1] + overlong + payload[2:]))
+    assert str(err.value) == f"varint in ids longer than {longest} bytes"

@@ -57,7 +57,7 @@ class Writer:
 
     def u16s(self, values: Sequence[int]) -> None:
         """Append little-endian uint16s (the caller has checked their range)."""
-        self.buf += np.asarray(values, dtype=np.int64).astype(_U16).tobytes()
+        self.buf += np.asarray(values, dtype=_U16).tobytes()
 
     def raw(self, data: bytes) -> None:
         self.buf += data
