@@ -72,6 +72,22 @@ def test_rounds_and_acceptance_are_counted_from_the_verdicts(
     assert committed - gamma <= stats["new_tokens"] == 17 <= committed
 
 
+@pytest.mark.parametrize("method", SPECULATIVE)
+def test_rounds_are_numbered_one_after_another(
+    hetero_world: World, shared_world: World, method: str
+) -> None:
+    """Replies name their round, so the edge numbers its rounds 0, 1, 2…: a pipeline's round
+    taken from its tree on a cache hit included (the seed gives each pipeline hits)."""
+    world = shared_world if METHODS[method].shared_vocab_only else hetero_world
+    settings = dict(max_new_tokens=20, seed=2, gamma=1, temperature=1.0, srdv_k=2)
+    sim, edge, _ = world.run(method, trace=True, **settings)
+    sent = [m.round for side, m in _sent(sim) if side == "edge" and isinstance(m, DRAFTS)]
+    rounds = list(dict.fromkeys(sent))  # SD follows a rejection up with the same round's dists
+    assert rounds == list(range(len(rounds))) and len(rounds) > 3
+    if METHODS[method].family == "pipeline":
+        assert edge.counters.get("cache_hits", 0) > 0
+
+
 @pytest.mark.parametrize("m", [1, 2, 3])
 def test_srdv_candidate_rounds_never_exceed_m(m: int) -> None:
     """X-CoSD-E asks for at most M candidate sets per rejection, then falls back once.

@@ -282,9 +282,7 @@ class PipelineEdge(SpecEdge):
         self.cache.assume([*self.draft_ctx, *branch.draft_ids[: gamma - 1]])
         self.spec = None
         self.round_ctx = list(self.draft_ctx)
-        self.round = Round(self._rounds, self.generated - len(self.pending_echo))
-        self._rounds += 1
-        rnd = self.round
+        rnd = self._open_round()
         rnd.tokens, rnd.draft_ids = list(branch.tokens), list(branch.draft_ids)
         rnd.probs, rnd.dists = list(branch.probs), list(branch.dists)
         self.alternatives = [list(r) for r in branch.ranked]

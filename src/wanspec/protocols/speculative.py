@@ -114,9 +114,15 @@ class SpecEdge(EdgeMachine):
     # ---- drafting
     def _begin_round(self) -> list[Action]:
         self.state = EdgeState.DRAFTING
+        self._open_round()
+        return [self.compute("draft", self.cache.plan(self.draft_ctx))]
+
+    def _open_round(self) -> Round:
+        """The next round, numbered one past the last (the cloud's replies name it), starting
+        at the first output token not yet confirmed."""
         self.round = Round(self._rounds, self.generated - len(self.pending_echo))
         self._rounds += 1
-        return [self.compute("draft", self.cache.plan(self.draft_ctx))]
+        return self.round
 
     def on_compute(self, purpose: str, result: Any) -> list[Action]:
         rnd = self.round
