@@ -15,7 +15,7 @@ import enum
 import pytest
 
 from wanspec import wire
-from wanspec.models.jobs import Forward, session_executor
+from wanspec.models.jobs import Forward, TreeForward, run_job, session_executor
 from wanspec.protocols.base import (
     Cancel,
     ComputeDone,
@@ -30,10 +30,11 @@ from wanspec.protocols.base import (
 )
 from wanspec.protocols.budget import DEFAULT_POWER_LAW
 from wanspec.protocols.cache import CacheMirror
-from wanspec.protocols.registry import build_machines, make_edge, target_info
+from wanspec.protocols.registry import METHODS, build_machines, make_edge, target_info
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.protocols.stopping import _is_byte_token, matching_mode
 from wanspec.protocols.stream import SplitCloud
+from wanspec.sampling import quantize, warp_probs
 from wanspec.sim import Link, simulate
 from worlds import FLAT_PROFILE, PROMPT_IDS, World
 
@@ -313,6 +314,76 @@ def test_picospec_hits_exactly_the_rounds_whose_whole_chain_was_accepted(
         assert edge.counters.get("cache_misses", 0) == misses
         # one tip, gamma passes, all done before the reply: a miss wastes gamma nodes, a hit none
         assert edge.counters.get("wasted_tree_nodes", 0) == gamma * misses
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_a_hit_wastes_every_tree_node_but_its_kept_path(shared_world: World, seed: int) -> None:
+    """A miss wastes its whole tree, a hit all but the γ nodes of the path it keeps; the last
+    tree is still unresolved when the run ends (a fixed budget: every tree has B·γ nodes)."""
+    gamma, budget = 3, 4
+    _, edge, _ = shared_world.run("acespec", seed=seed, max_new_tokens=30, gamma=gamma,
+                                  tree_budget=budget, tree_fixed=True)  # fmt: skip
+    counts = edge.counters
+    hits, misses = counts.get("cache_hits", 0), counts.get("cache_misses", 0)
+    assert hits > 0 and misses > 0 and counts["tree_rounds"] == hits + misses + 1
+    assert counts["tree_nodes"] == counts["tree_rounds"] * budget * gamma
+    assert counts["wasted_tree_nodes"] == (hits + misses) * budget * gamma - hits * gamma
+
+
+@pytest.mark.parametrize("method", ["picospec", "acespec", "acespec-x"])
+def test_every_tree_pass_is_priced_at_the_context_the_session_holds(
+    shared_world: World, hetero_world: World, method: str
+) -> None:
+    """A tree pass hangs from the whole cache, and its cost (attention over that context) is
+    priced from the edge's picture of the cache: after a hit keeps a path, the picture must
+    hold exactly the kept tokens. Checked against the session itself before every pass."""
+    world = hetero_world if method == "acespec-x" else shared_world
+    session, target = world.draft.new_session(), world.target.new_session()
+    passes: list[tuple[int, int]] = []
+
+    def edge_executor(job: object) -> object:
+        if isinstance(job, TreeForward):
+            passes.append((job.context, session.length))
+        return run_job(session, job)
+
+    edge, cloud = world.machines(method, seed=2, max_new_tokens=30, gamma=3, temperature=1.0)
+    link = Link(bandwidth_bps=1e6, rtt_s=0.02)
+
+    def cloud_executor(job: object) -> object:
+        return run_job(target, job)
+
+    simulate(edge, cloud, link, FLAT_PROFILE, FLAT_PROFILE,
+             edge_executor=edge_executor, cloud_executor=cloud_executor)  # fmt: skip
+    assert edge.counters.get("cache_hits", 0) > 0 and len(passes) > 10
+    assert all(priced == held for priced, held in passes)
+
+
+@pytest.mark.parametrize("method", ["sd", "picospec", "acespec"])
+def test_every_drafted_probability_is_the_draft_models_own_at_the_true_context(
+    shared_world: World, method: str
+) -> None:
+    """The KV-cache plan (and the path a pipeline keeps from its tree on a hit) must leave the
+    draft model holding exactly the context the edge believes: a cache that holds one token too
+    many or too few changes no committed token's law, only the draft, so only the draft's own
+    numbers show it. Each token a Draft reports carries the 16-bit count the draft model gives
+    it after the prompt, the output before it (the committed tokens the draft echoes included)
+    and the round's earlier drafts."""
+    gamma = 3
+    sim, edge, _ = shared_world.run(method, seed=3, max_new_tokens=30, gamma=gamma, trace=True)
+    params = GenerationSettings().sampling
+    drafts = [rec.info["msg"] for rec in sim.trace
+              if rec.what == "send" and type(rec.info["msg"]) is wire.Draft]  # fmt: skip
+    for draft in drafts:
+        known = draft.base + len(draft.committed)  # committed: tokens the edge decided
+        assert tuple(sim.tokens[draft.base : known]) == draft.committed
+        base = [*PROMPT_IDS, *sim.tokens[:known]]
+        contexts = [base + list(draft.tokens[:i]) for i in range(len(draft.tokens))]
+        logits = shared_world.alignment.project_draft_logits(shared_world.draft.rows(contexts))
+        counts = [quantize(row) for row in warp_probs(logits, params)]
+        assert list(draft.probs) == [int(counts[i][t]) for i, t in enumerate(draft.tokens)]
+    assert len(drafts) > 5
+    if METHODS[method].family == "pipeline":
+        assert edge.counters.get("cache_hits", 0) > 0
 
 
 def test_acespec_learns_where_the_residual_lies_from_each_full_rejection_reply(

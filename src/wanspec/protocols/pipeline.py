@@ -31,7 +31,7 @@ from wanspec.protocols.base import Action, ComputeDone, Event, MessageReceived, 
 from wanspec.protocols.budget import BranchPlanner, ranked_capture
 from wanspec.protocols.schemes import dist_probs
 from wanspec.protocols.speculative import EdgeState, Round, SpecEdge
-from wanspec.sampling import Counts, quantize, sample, warp_probs
+from wanspec.sampling import Counts, sample
 
 
 def draft_rng(seed: int, position: int) -> np.random.Generator:
@@ -111,17 +111,8 @@ class PipelineEdge(SpecEdge):
         """Draw the draft token at output `position` from its own keyed stream and append it
         (with its draft id, p(x) and p) to a chain; returns the projected draft logits."""
         counts, projected = self._draft_counts(logits)
-        token = sample(counts, draft_rng(self.settings.seed, position))
-        chain.tokens.append(token)
-        chain.draft_ids.append(int(self.alignment.target_to_draft[token]))
-        chain.probs.append(int(counts[token]))
-        chain.dists.append(counts)
+        self._append_draft(chain, sample(counts, draft_rng(self.settings.seed, position)), counts)
         return projected
-
-    def _draft_counts(self, logits: Any) -> tuple[Counts, torch.Tensor]:
-        projected = self.alignment.project_draft_logits(logits.float())
-        counts = quantize(warp_probs(projected.unsqueeze(0), self.draft_params)[0])
-        return counts, projected
 
     def _ranked(self, projected: torch.Tensor, exclude: int) -> list[int]:
         """Draft tokens by decreasing draft logit, `exclude` left out (AceSpec's proxy for where
@@ -280,7 +271,6 @@ class PipelineEdge(SpecEdge):
         gamma = self.settings.gamma
         keep = self.compute("keep", KeepTreePath(tuple(branch.nodes[:gamma])))
         self.cache.assume([*self.draft_ctx, *branch.draft_ids[: gamma - 1]])
-        self.spec = None
         self.round_ctx = list(self.draft_ctx)
         rnd = self._open_round()
         rnd.tokens, rnd.draft_ids = list(branch.tokens), list(branch.draft_ids)

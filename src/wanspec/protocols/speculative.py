@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:
+    import torch
 
 from wanspec import wire
 from wanspec.protocols.base import Action, Machine, ProtocolError, Send, request_rng
@@ -133,15 +136,24 @@ class SpecEdge(EdgeMachine):
 
     def _take(self, logits: Any) -> None:
         rnd = self.round
-        projected = self.alignment.project_draft_logits(logits.float())
-        counts = quantize(warp_probs(projected.unsqueeze(0), self.draft_params)[0])
-        token = sample(counts, self.rng)
-        rnd.tokens.append(token)
-        rnd.draft_ids.append(int(self.alignment.target_to_draft[token]))
-        rnd.probs.append(int(counts[token]))
-        rnd.dists.append(counts)
+        counts, projected = self._draft_counts(logits)
+        self._append_draft(rnd, sample(counts, self.rng), counts)
         if self.scheme.keeps_draft_logits:
             rnd.draft_logits.append(projected.detach().numpy())
+
+    def _draft_counts(self, logits: Any) -> tuple[Counts, torch.Tensor]:
+        """p̃ as 16-bit counts over the target's ids, and the projected logits it came from."""
+        projected = self.alignment.project_draft_logits(logits.float())
+        counts = quantize(warp_probs(projected.unsqueeze(0), self.draft_params)[0])
+        return counts, projected
+
+    def _append_draft(self, chain: Any, token: int, counts: Counts) -> None:
+        """Add a drafted token to a chain (a round or a pipeline's branch): its target id,
+        its draft id, p̃(x) and p̃."""
+        chain.tokens.append(token)
+        chain.draft_ids.append(int(self.alignment.target_to_draft[token]))
+        chain.probs.append(int(counts[token]))
+        chain.dists.append(counts)
 
     def _upload(self) -> list[Action]:
         rnd = self.round
