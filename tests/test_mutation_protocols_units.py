@@ -338,7 +338,7 @@ def test_every_tree_pass_is_priced_at_the_context_the_session_holds(
     priced from the edge's picture of the cache: after a hit keeps a path, the picture must
     hold exactly the kept tokens. Checked against the session itself before every pass."""
     world = hetero_world if method == "acespec-x" else shared_world
-    session, target = world.draft.new_session(), world.target.new_session()
+    session = world.draft.new_session()
     passes: list[tuple[int, int]] = []
 
     def edge_executor(job: object) -> object:
@@ -348,12 +348,8 @@ def test_every_tree_pass_is_priced_at_the_context_the_session_holds(
 
     edge, cloud = world.machines(method, seed=2, max_new_tokens=30, gamma=3, temperature=1.0)
     link = Link(bandwidth_bps=1e6, rtt_s=0.02)
-
-    def cloud_executor(job: object) -> object:
-        return run_job(target, job)
-
-    simulate(edge, cloud, link, FLAT_PROFILE, FLAT_PROFILE,
-             edge_executor=edge_executor, cloud_executor=cloud_executor)  # fmt: skip
+    simulate(edge, cloud, link, FLAT_PROFILE, FLAT_PROFILE, edge_executor=edge_executor,
+             cloud_executor=session_executor(world.target))  # fmt: skip
     assert edge.counters.get("cache_hits", 0) > 0 and len(passes) > 10
     assert all(priced == held for priced, held in passes)
 

@@ -611,9 +611,10 @@ def test_pieces_may_name_every_candidate_the_token_and_the_o_token_but_no_more()
     limits = Limits(max_candidates=1)
     fits = VerifyResult(0, 0, token=6, dist=_HALF, theta_o=100, o_token=7,
                         candidates=((5, 1.0),), pieces=((5, "a"), (6, "b"), (7, "c")))  # fmt: skip
-    assert decode(encode(fits), limits) == fits
-    code, start, _ = parse_header(encode(fits))
-    payload = bytearray(encode(fits)[start:])
+    frame = encode(fits)
+    assert decode(frame, limits) == fits
+    code, start, _ = parse_header(frame)
+    payload = bytearray(frame[start:])
     at = payload.index(b"\x01a\x01b\x01c") - 4  # count - 1, then the ids' gaps: 5, 0, 0
     assert payload[at] == 2  # three pieces
     payload[at] = 3
