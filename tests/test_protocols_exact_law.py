@@ -29,9 +29,8 @@ import numpy as np
 import pytest
 
 from exact_rng import ScriptedRng, exact_law
-from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
+from wanspec.models.synthetic import SyntheticSpec
 from wanspec.protocols import pipeline, speculative, stream
-from wanspec.protocols.registry import target_info
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sampling import dequantize, hybrid_bins, pick, round_probs, target_probs
 from worlds import PROMPT_IDS, World
@@ -56,9 +55,7 @@ def _pick_counts(counts: np.ndarray, rng: object) -> int:
 
 def _small(world: World, target: SyntheticSpec, draft: SyntheticSpec) -> World:
     """`world` with small-support synthetic models (few outcomes per draw: a small tree)."""
-    world.target, world.draft = SyntheticLM(target, "target"), SyntheticLM(draft, "draft")
-    world.info = target_info(world.target, lambda _: list(PROMPT_IDS), (world.alignment,))
-    return world
+    return world.with_models(target, draft)
 
 
 @pytest.fixture(scope="module")

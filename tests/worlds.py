@@ -3,6 +3,9 @@ real tiny tokenizers, run on the simulator with a flat compute profile."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from dataclasses import dataclass
+
 import numpy as np
 
 from wanspec.models.jobs import session_executor
@@ -41,6 +44,12 @@ class World:
         self.draft = SyntheticLM(d_spec, "draft")
 
         self.info = target_info(self.target, lambda _: list(PROMPT_IDS), (self.alignment,))
+
+    def with_models(self, target: SyntheticSpec, draft: SyntheticSpec) -> World:
+        """This world with other synthetic models (same tokenizers and alignment)."""
+        self.target, self.draft = SyntheticLM(target, "target"), SyntheticLM(draft, "draft")
+        self.info = target_info(self.target, lambda _: list(PROMPT_IDS), (self.alignment,))
+        return self
 
     def edge(self, method: str, **settings):
         return make_edge(
@@ -96,3 +105,18 @@ def greedy(world: World, n: int) -> list[int]:
         out.append(int(logits.argmax()))
         logits = world.target.extend([out[-1]])[-1]
     return out
+
+
+@dataclass(frozen=True)
+class FixedLaw(SyntheticSpec):
+    """A synthetic model with one next-token distribution after every context (`law`: token id,
+    mass): its tokens are i.i.d., so an exact method's tokens at every position have that one
+    law and can be pooled over positions and runs."""
+
+    law: tuple[tuple[int, float], ...] = ()
+
+    def probs(self, context: Sequence[int], role: str) -> np.ndarray:
+        out = np.zeros(self.vocab_size, dtype=np.float64)
+        for token, mass in self.law:
+            out[token] = mass
+        return out

@@ -15,6 +15,9 @@ is verified at that position instead, which is the same law and gives the papers
 Draft tokens are sampled with a random stream keyed by (seed, output position), so a token
 drafted inside the tree is exactly the token a redraft would give there: the cache only saves
 draft work, and a run's tokens do not depend on the tree's shape, the budget or the timing.
+That is exact only while no stream serves two verified tokens (SPEC's Randomness clause): every
+drafted token records the key it was drawn with, and a verdict that looks at a token whose key is
+not its own output position is a local bug and raises (`PipelineEdge._check_streams`).
 """
 
 from __future__ import annotations
@@ -41,22 +44,32 @@ def draft_rng(seed: int, position: int) -> np.random.Generator:
 
 @dataclass
 class Branch:
-    """One drafted continuation in the tree: after the main chain (`depth` = γ, `root` = x_γ)
-    or replacing chain token `depth` by the alternative `root`."""
+    """One drafted continuation in the tree, found by the verdict (`depth` accepted, `root`):
+    the continuation after the whole chain (`depth` = γ, `root` = x_γ, the chain's own last
+    token) or the alternative `root` in place of chain token `depth`."""
 
     depth: int
     root: int
+    start: int  # output offset (from the chain's first token) of the branch's first drafted token
     nodes: list[int] = field(default_factory=list)  # tree nodes fed: root, c_1, …, c_{γ−1}
     tokens: list[int] = field(default_factory=list)  # drafted c_1 … c_γ (target ids)
     draft_ids: list[int] = field(default_factory=list)
     probs: list[int] = field(default_factory=list)
     dists: list[Counts] = field(default_factory=list)
     ranked: list[list[int]] = field(default_factory=list)  # per drafted token: its alternatives
+    keys: list[int] = field(default_factory=list)  # per drafted token: its draft stream's key
 
-    @property
-    def first_position_offset(self) -> int:
-        """Output offset (from the chain's start) of the branch's first drafted token."""
-        return self.depth + 1
+    @classmethod
+    def continuation(cls, gamma: int, last: int) -> Branch:
+        """What follows a fully accepted chain: x_γ stands at offset γ − 1, so the next token is
+        output offset γ, where the next chain starts."""
+        return cls(gamma, last, start=gamma)
+
+    @classmethod
+    def alternative(cls, depth: int, root: int) -> Branch:
+        """`root` in place of chain token `depth` (offset `depth`): its continuation starts at
+        the offset after it."""
+        return cls(depth, root, start=depth + 1)
 
 
 @dataclass
@@ -112,6 +125,7 @@ class PipelineEdge(SpecEdge):
         (with its draft id, p(x) and p) to a chain; returns the projected draft logits."""
         counts, projected = self._draft_counts(logits)
         self._append_draft(chain, sample(counts, draft_rng(self.settings.seed, position)), counts)
+        chain.keys.append(position)
         return projected
 
     def _ranked(self, projected: torch.Tensor, exclude: int) -> list[int]:
@@ -122,9 +136,8 @@ class PipelineEdge(SpecEdge):
             return []
         k = min(limit + 1, projected.shape[-1])
         values, ids = torch.topk(projected, k)
-        return [int(i) for v, i in zip(values, ids, strict=True) if v > -np.inf and i != exclude][
-            :limit
-        ]
+        ranked = zip(values.tolist(), ids.tolist(), strict=True)
+        return [i for v, i in ranked if v > -np.inf and i != exclude][:limit]
 
     def _upload(self) -> list[Action]:
         actions = super()._upload()
@@ -135,9 +148,9 @@ class PipelineEdge(SpecEdge):
     def _speculate(self) -> list[Action]:
         rnd, gamma = self.round, self.settings.gamma
         fanout = self.planner.plan(gamma) if self.planner is not None else [0] * gamma
-        branches = [Branch(gamma, rnd.tokens[-1])]
+        branches = [Branch.continuation(gamma, rnd.tokens[-1])]
         for depth, width in enumerate(fanout):
-            branches += [Branch(depth, a) for a in self.alternatives[depth][:width]]
+            branches += [Branch.alternative(depth, a) for a in self.alternatives[depth][:width]]
         self.spec = Speculation(branches, self.generated, passes_planned=gamma)
         self.count("tree_rounds")
         self.count("tree_branches", len(branches) - 1)
@@ -181,7 +194,7 @@ class PipelineEdge(SpecEdge):
     def _extend_branch(self, spec: Speculation, branch: Branch, logits: Any) -> None:
         # from the speculation's base, not `generated`: a verdict may commit tokens while the
         # tree is still being drafted, and the keyed stream must not shift with that timing
-        position = spec.base + branch.first_position_offset + len(branch.tokens)
+        position = spec.base + branch.start + len(branch.tokens)
         projected = self._draft_into(branch, logits, position)
         branch.ranked.append(self._ranked(projected, branch.tokens[-1]))
 
@@ -231,6 +244,7 @@ class PipelineEdge(SpecEdge):
     def _commit(self, rnd: Round, accepted: int, extra: list[int]) -> list[Action]:
         if any(not 0 <= t < self.alignment.target_width for t in extra):
             raise ProtocolError(f"token {extra} is outside the target vocabulary")
+        self._check_streams(rnd, min(accepted + 1, len(rnd.tokens)))
         self.accepted_per_round.append(accepted)
         new = [*rnd.tokens[:accepted], *extra]
         self.generated += len(new)
@@ -239,6 +253,18 @@ class PipelineEdge(SpecEdge):
             for t in new:
                 self._sync_draft_context(t)
         return actions
+
+    def _check_streams(self, rnd: Round, decided: int) -> None:
+        """No draft stream serves two verified tokens: each drafted token the verdict looked at
+        (the accepted ones and the rejected one) was drawn from the stream keyed by its own output
+        position, and each output position is verified once. A reused stream would draw a
+        proposal with the very uniform that decided an earlier token, so its law given the past
+        would not be the p̃ the cloud divides by."""
+        own = list(range(self.generated, self.generated + decided))
+        if rnd.keys[:decided] != own:
+            raise RuntimeError(
+                f"draft streams {rnd.keys[:decided]} drew the tokens at output positions {own}"
+            )
 
     def _continue(self, key: tuple[int, int | None]) -> list[Action]:
         spec = self.spec
@@ -275,6 +301,7 @@ class PipelineEdge(SpecEdge):
         rnd = self._open_round()
         rnd.tokens, rnd.draft_ids = list(branch.tokens), list(branch.draft_ids)
         rnd.probs, rnd.dists = list(branch.probs), list(branch.dists)
+        rnd.keys = list(branch.keys)
         self.alternatives = [list(r) for r in branch.ranked]
         return [keep, *self._upload()]
 

@@ -55,6 +55,7 @@ class Round:
     probs: list[int] = field(default_factory=list)
     dists: list[Counts] = field(default_factory=list)
     draft_logits: list[np.ndarray] = field(default_factory=list)
+    keys: list[int] = field(default_factory=list)  # per token: its draft stream's key (pipelines)
     candidate_rounds: int = 0
     rejected_at: int = 0
 
