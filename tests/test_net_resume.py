@@ -4,19 +4,23 @@ The WAN proxy between edge and server is stopped mid-generation (every connectio
 dies, frames in flight are lost) and started again on the same port. Within the server's grace
 period the session resumes: the output equals the uninterrupted run's token for token, greedy
 and sampled, with no token lost or repeated. Past the grace period the edge continues on a
-fresh session from its committed tokens: greedy output is again the same.
+fresh session from its committed tokens: greedy output is again the same. Both hold for the
+stop-and-wait methods (`naive`, `xcosd-e`) and for the asynchronous pipelines (`picospec`,
+`acespec`, `acespec-x`), which keep drafting ahead while a chain is in flight.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 
 import wanspec
 from cuttable import CuttableLink, DroppingRelay, cuttable_link
@@ -39,6 +43,7 @@ from wanspec.net.resume import (
     RetryPolicy,
     SessionLost,
 )
+from wanspec.protocols.registry import METHODS
 from wanspec.protocols.settings import GenerationSettings
 
 PROMPT = "hello world"
@@ -46,6 +51,9 @@ NEW = 16
 DROP_AFTER = 5  # committed tokens before the link drops
 FAST_RETRY = RetryPolicy(attempts=12, first_delay_s=0.05, max_delay_s=0.4)
 OPTIONS = ClientOptions(timeout_s=20.0, retry=FAST_RETRY)
+PATIENT_S = 20.0  # a grace period the outages below stay well inside
+FORGETFUL_S = 0.2  # one they outlast
+RESUMED = ["naive", "xcosd-e", "picospec", "acespec", "acespec-x"]  # stop-and-wait, pipelines
 
 
 # ----------------------------------------------------------------------------- the wire frames
@@ -113,26 +121,55 @@ def pair(tiny_pair_hetero: tuple[Path, Path]) -> wanspec.Pair:
     return wanspec.load_pair(target=target, draft=draft, threads=1)
 
 
-@pytest.fixture(scope="module")
-def patient(pair: wanspec.Pair) -> Iterator[CuttableLink]:
-    """A server that keeps a dropped session for 20 s."""
-    with cuttable_link(pair, grace_s=20.0) as link:
-        yield link
+Served = Callable[[str, float], tuple[wanspec.Pair, CuttableLink]]
 
 
 @pytest.fixture(scope="module")
-def forgetful(pair: wanspec.Pair) -> Iterator[CuttableLink]:
-    """A server that forgets a dropped session after 0.2 s."""
-    with cuttable_link(pair, grace_s=0.2) as link:
-        yield link
+def served(
+    pair: wanspec.Pair, tiny_pair_shared: tuple[Path, Path], tiny_pair_hetero: tuple[Path, Path]
+) -> Iterator[Served]:
+    """`served(method, grace_s)`: the pair `method` runs on, its target on a server that keeps a
+    dropped session `grace_s`, behind a cuttable link; each pair and server made on first use.
+
+    Stop-and-wait methods cut their model passes the same way whatever the timing: they run on
+    `pair` (default kernels). The pipelines draft ahead while a chain is verified, so a drop,
+    which changes the timing, changes how their passes are cut (a tree pass on a hit, one-token
+    decodes on a miss): a pipeline's pair, of the vocabulary kind it needs, has both models
+    pass-shape invariant (the server's target is the pair's), so the edge's p and the cloud's q
+    at a position are bitwise the same however the passes were cut, as the sampled comparison
+    with an uninterrupted run needs."""
+    pairs: dict[bool | None, wanspec.Pair] = {None: pair}  # by shared vocabulary; None: default
+    links: dict[tuple[bool | None, float], CuttableLink] = {}
+    with contextlib.ExitStack() as stack:
+
+        def serve(method: str, grace_s: float) -> tuple[wanspec.Pair, CuttableLink]:
+            info = METHODS[method]
+            kind = info.shared_vocab_only if info.family == "pipeline" else None
+            if kind not in pairs:
+                draft, target = tiny_pair_shared if kind else tiny_pair_hetero
+                pairs[kind] = wanspec.load_pair(
+                    target=target, draft=draft, threads=1, invariant=True
+                )
+            if (kind, grace_s) not in links:
+                link = cuttable_link(pairs[kind], grace_s=grace_s)
+                links[kind, grace_s] = stack.enter_context(link)
+            return pairs[kind], links[kind, grace_s]
+
+        yield serve
 
 
 def _interrupted(
-    pair: wanspec.Pair, link: CuttableLink, settings: GenerationSettings, outage_s: float
+    pair: wanspec.Pair,
+    link: CuttableLink,
+    settings: GenerationSettings,
+    outage_s: float,
+    method: str = "naive",
 ) -> tuple[ResumableRun, list[tuple[int, ...]]]:
     """Generate through `link`, cutting it once DROP_AFTER tokens are committed and restoring
-    it `outage_s` later; also returns every batch of tokens as the caller saw it."""
+    it `outage_s` later; also returns every batch of tokens as the caller saw it. `link.drops`
+    holds this run's drop alone."""
     batches: list[tuple[int, ...]] = []
+    link.drops.clear()
 
     async def scenario() -> ResumableRun:
         loop = asyncio.get_running_loop()
@@ -148,7 +185,7 @@ def _interrupted(
 
         edge = RemotePair.of_pair(pair)
         run = await generate_resumable(
-            edge, PROMPT, "naive", settings, link.address, OPTIONS, on_emit
+            edge, PROMPT, method, settings, link.address, OPTIONS, on_emit
         )
         await asyncio.gather(*restoring)
         return run
@@ -157,20 +194,31 @@ def _interrupted(
 
 
 def _uninterrupted(
-    pair: wanspec.Pair, link: CuttableLink, settings: GenerationSettings
+    pair: wanspec.Pair, link: CuttableLink, settings: GenerationSettings, method: str = "naive"
 ) -> list[int]:
-    res = wanspec.generate(pair, PROMPT, "naive", server=link.address, **settings.to_dict())
+    res = wanspec.generate(pair, PROMPT, method, server=link.address, **settings.to_dict())
     return list(res.token_ids)
 
 
+def _target_greedy_text(pair: wanspec.Pair) -> str:
+    """The target's own greedy continuation (`transformers`' generate, no draft, no network)."""
+    ids = torch.tensor([pair.target_encode(PROMPT)])
+    out = pair.target.model.generate(
+        ids, max_new_tokens=NEW, do_sample=False, attention_mask=torch.ones_like(ids)
+    )
+    return pair.decode(out[0, ids.shape[1] :].tolist())
+
+
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
+@pytest.mark.parametrize("method", RESUMED)
 def test_a_dropped_link_within_the_grace_period_resumes_the_same_session(
-    pair: wanspec.Pair, patient: CuttableLink, temperature: float
+    served: Served, method: str, temperature: float
 ) -> None:
+    pair, link = served(method, PATIENT_S)
     settings = GenerationSettings(max_new_tokens=NEW, temperature=temperature, seed=3)
-    expected = _uninterrupted(pair, patient, settings)
-    run, batches = _interrupted(pair, patient, settings, outage_s=0.5)
-    assert patient.drops and patient.drops[-1] < NEW  # the link really dropped mid-generation
+    expected = _uninterrupted(pair, link, settings, method)
+    run, batches = _interrupted(pair, link, settings, 0.5, method)
+    assert link.drops and link.drops[-1] < NEW  # the link really dropped mid-generation
     assert run.reconnects >= 1 and run.restarts == 0
     assert run.final.transport_stats()["reconnects"] == run.reconnects
     # the same tokens (sampled ones too: the machines never noticed), none lost or repeated,
@@ -178,34 +226,43 @@ def test_a_dropped_link_within_the_grace_period_resumes_the_same_session(
     assert run.tokens == expected
     assert [t for batch in batches for t in batch] == expected
     assert pair.decode(run.tokens) == pair.decode(expected)
+    if temperature == 0.0:
+        assert pair.decode(expected) == _target_greedy_text(pair)
 
 
+@pytest.mark.parametrize("method", RESUMED)
 def test_past_the_grace_period_a_fresh_session_continues_with_the_same_greedy_text(
-    pair: wanspec.Pair, forgetful: CuttableLink
+    served: Served, method: str
 ) -> None:
+    pair, link = served(method, FORGETFUL_S)
     settings = GenerationSettings(max_new_tokens=NEW, temperature=0.0)
-    expected = _uninterrupted(pair, forgetful, settings)
-    run, batches = _interrupted(pair, forgetful, settings, outage_s=1.0)
-    assert forgetful.drops and forgetful.drops[-1] < NEW
+    expected = _uninterrupted(pair, link, settings, method)
+    seen = len(link.server.records)
+    run, batches = _interrupted(pair, link, settings, 1.0, method)
+    assert link.drops and link.drops[-1] < NEW
     assert run.restarts == 1  # the server had forgotten the session
     assert run.tokens == expected
     assert [t for batch in batches for t in batch] == expected
-    records = list(forgetful.server.records)
+    assert pair.decode(expected) == _target_greedy_text(pair)
+    records = list(link.server.records)[seen:]
     assert any("grace period" in r.outcome for r in records)
 
 
-@pytest.mark.parametrize("nth", [3, 6])
+@pytest.mark.parametrize(
+    ("method", "nth"), [("naive", 3), ("naive", 6), *((m, 3) for m in RESUMED if m != "naive")]
+)
 def test_what_the_cloud_sent_into_a_dropped_connection_is_replayed(
-    pair: wanspec.Pair, patient: CuttableLink, nth: int
+    served: Served, method: str, nth: int
 ) -> None:
+    pair, link = served(method, PATIENT_S)
     settings = GenerationSettings(max_new_tokens=NEW, temperature=0.9, seed=11)
-    expected = _uninterrupted(pair, patient, settings)
+    expected = _uninterrupted(pair, link, settings, method)
 
     async def scenario() -> tuple[ResumableRun, bool]:
-        relay = DroppingRelay(patient.server.address, nth)
+        relay = DroppingRelay(link.server.address, nth)
         async with relay as address:
             edge = RemotePair.of_pair(pair)
-            run = await generate_resumable(edge, PROMPT, "naive", settings, address, OPTIONS)
+            run = await generate_resumable(edge, PROMPT, method, settings, address, OPTIONS)
         return run, relay.dropped
 
     run, dropped = asyncio.run(asyncio.wait_for(scenario(), 60))
