@@ -47,7 +47,7 @@ class Pair:
 
 
 def _load_lm(
-    name_or_model: Any, dtype: torch.dtype, threads: int | None, invariant: bool = False
+    name_or_model: Any, dtype: torch.dtype, threads: int | None, invariant: bool | None = None
 ) -> tuple[Any, str]:
     if hasattr(name_or_model, "extend"):
         if invariant:
@@ -67,14 +67,15 @@ def load_pair(
     *,
     dtype: torch.dtype = torch.float32,
     threads: int | None = None,
-    invariant: bool = False,
+    invariant: bool | None = None,
 ) -> Pair:
     """Load (pulling registry models on first use) and align a target/draft pair.
 
     `target` and `draft` are registry names (`wanspec models list`), local Hugging Face folders,
     or already loaded `LanguageModel`s. `invariant`: both models in pass-shape-invariant mode
     (`wanspec.models.invariant`), so a sampled run's tokens do not depend on how passes are cut:
-    the asynchronous pipelines then give the same tokens whatever the link or the timing.
+    the asynchronous pipelines then give the same tokens whatever the link or the timing. None
+    (default): on for a 16-bit `dtype`, which refuses False (`models.lm.resolve_invariant`).
     """
     target_lm, target_name = _load_lm(target, dtype, threads, invariant)
     draft_lm, draft_name = _load_lm(draft, dtype, threads, invariant)

@@ -10,6 +10,7 @@ from typing import Any
 import click
 
 from wanspec import __version__
+from wanspec.models.cli import loading_kwargs, loading_options
 
 DEFAULT_TARGET = "qwen2.5-coder-0.5b"
 DEFAULT_DRAFT = "smollm2-135m"
@@ -186,6 +187,7 @@ def _make_link(link_preset: str | None, seed: int, **numbers: Any) -> Any:
     show_default=True,
     help="Precision of a q shipped to the edge (16, 24 or 32; 16 = the papers' bits).",
 )
+@loading_options
 @_profile_options
 @_link_options
 @_server_options
@@ -196,6 +198,8 @@ def generate(
     method: str,
     prompt: str,
     as_json: bool,
+    dtype: str,
+    invariant: bool | None,
     server: str | None,
     token: str | None,
     tls: bool,
@@ -213,7 +217,8 @@ def generate(
 ) -> None:
     """Generate text with a method over a simulated WAN (virtual time, real models), or with
     --server against a `wanspec serve` target over real TCP (wall clock; the edge then needs
-    only the target's tokenizer, and the link and profile options do not apply)."""
+    only the target's tokenizer, the link and profile options do not apply, and --dtype and
+    --invariant load the draft only: the server chose its target's)."""
     import wanspec
 
     if prompt == "-":
@@ -221,7 +226,8 @@ def generate(
     settings["stop"] = tuple(settings["stop"])
     if server is not None:
         remote = {"token": token, "tls_ca": tls_ca or (True if tls else None)}
-        _generate_remote(draft, target, prompt, method, server, as_json, remote, settings)
+        loading = {"dtype": dtype, "invariant": invariant}
+        _generate_remote(draft, target, prompt, method, server, as_json, remote, settings, loading)
         return
     try:
         link = _make_link(
@@ -234,7 +240,7 @@ def generate(
             jitter_s=jitter_s,
             loss=loss,
         )
-        pair = wanspec.load_pair(target=target, draft=draft)
+        pair = wanspec.load_pair(target=target, draft=draft, **loading_kwargs(dtype, invariant))
         result = wanspec.generate(
             pair,
             prompt,
@@ -266,14 +272,17 @@ def _generate_remote(
     as_json: bool,
     remote: dict[str, Any],
     settings: dict[str, Any],
+    loading: dict[str, Any],
 ) -> None:
     import wanspec
-    from wanspec.net.client import RemoteError
+    from wanspec.models.lm import load_model
+    from wanspec.models.registry import resolve_model
+    from wanspec.net.client import ClientOptions, RemoteError, load_edge
 
     try:
-        result = wanspec.generate(
-            draft, prompt, method, server=server, target_tokenizer=target, **remote, **settings
-        )
+        draft_lm = load_model(resolve_model(draft), **loading_kwargs(**loading))
+        edge = load_edge(draft_lm, target, server, ClientOptions(**remote), draft_name=draft)
+        result = wanspec.generate(edge, prompt, method, server=server, **remote, **settings)
     except (*_user_errors(), RemoteError) as err:
         raise click.ClickException(str(err)) from err
     _print_result(result, as_json)
@@ -302,6 +311,7 @@ def _generate_remote(
     metavar="M1,M2,…",
     help="Methods to run, 'ar' first [ar,naive,xcosd,xcosd-e; +sd for a shared vocabulary].",
 )
+@loading_options
 @_link_options
 def demo(
     target: str,
@@ -311,6 +321,8 @@ def demo(
     edge_profile: str,
     cloud_profile: str,
     methods: str | None,
+    dtype: str,
+    invariant: bool | None,
     link_preset: str | None,
     **link: Any,
 ) -> None:
@@ -330,6 +342,7 @@ def demo(
             cloud_profile=cloud_profile,
             methods=tuple(m.strip() for m in methods.split(",")) if methods else None,
             echo=click.echo,
+            **loading_kwargs(dtype, invariant),
         )
     except _user_errors() as err:
         raise click.ClickException(str(err)) from err
@@ -517,6 +530,7 @@ def _default_draft_tokenizers(target: str) -> tuple[str, ...]:
     help="How long a resumable session whose edge dropped waits for it to reconnect.",
 )
 @click.option("--threads", type=click.IntRange(1), default=None, help="Torch threads [2].")
+@loading_options
 @click.option(
     "--max-batch-tokens",
     type=click.IntRange(0),
@@ -541,6 +555,8 @@ def serve(
     tls_cert: str | None,
     tls_key: str | None,
     threads: int | None,
+    dtype: str,
+    invariant: bool | None,
     idle_timeout: float,
     request_timeout: float,
     max_batch_tokens: int,
@@ -559,10 +575,12 @@ def serve(
         raise click.UsageError("--tls-cert and --tls-key go together")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     try:
+        from wanspec.models.invariant import is_batch_invariant
         from wanspec.models.lm import load_model
         from wanspec.models.registry import load_tokenizer, resolve_model
 
-        target_lm = load_model(resolve_model(target), threads=threads)
+        loading = loading_kwargs(dtype, invariant)
+        target_lm = load_model(resolve_model(target), threads=threads, **loading)
         drafts = draft_tokenizers or _default_draft_tokenizers(target)
         info = build_target_info(target_lm, [load_tokenizer(name) for name in drafts])
         tls = server_tls(tls_cert, tls_key) if tls_cert and tls_key else None
@@ -584,6 +602,8 @@ def serve(
         click.echo(f"  draft tokenizers: {accepted}; Ctrl-C stops")
         limit = batching["max_batch_tokens"]
         click.echo(f"  batching: {f'up to {limit} tokens per pass' if limit else 'off'}")
+        kernels = "pass-shape invariant" if is_batch_invariant(target_lm.model) else "default"
+        click.echo(f"  model: {dtype}, {kernels} kernels")
         if metrics_port is not None:
             bound = s.metrics.serve_http(metrics_port, host)
             click.echo(f"  metrics: http://{host}:{bound}/metrics")

@@ -32,18 +32,24 @@ def run_demo(
     cloud_profile: str = PROJECTION[1],
     methods: tuple[str, ...] | None = None,
     echo: Callable[[str], None] = print,
+    dtype: Any = None,
+    invariant: bool | None = None,
 ) -> list[dict[str, Any]]:
     """Each method once over the real network and once projected; prints the text and one table.
     `methods` (default: `METHODS`, plus `SHARED_ONLY` for a shared vocabulary) must start with
-    "ar", the baseline of the ratios. Returns per method {"method", "text", "real": stats,
+    "ar", the baseline of the ratios. `dtype` (default float32) and `invariant` load both models
+    as `wanspec.load_pair` does. Returns per method {"method", "text", "real": stats,
     "cloud": the server's SessionRecord, "projected": stats, "same_as_ar"}."""
+    import torch
+
     import wanspec
     from wanspec.net.background import cloud_behind_wan
     from wanspec.net.shaping import link_specs
 
     if methods and methods[0] != "ar":
         raise ValueError(f"the demo compares every method with 'ar': list it first, not {methods}")
-    pair = wanspec.load_pair(target=target, draft=draft)
+    dtype = torch.float32 if dtype is None else dtype
+    pair = wanspec.load_pair(target=target, draft=draft, dtype=dtype, invariant=invariant)
     vocab = pair.alignment.stats()
     echo(
         f"target {pair.target_name} ({vocab.target_vocab} tokens) in a `wanspec serve` server; "

@@ -1,12 +1,15 @@
 """`wanspec edge`: the edge as a local OpenAI-compatible endpoint in front of a `wanspec serve`
 cloud. Heavy imports (torch, FastAPI, uvicorn) happen only when the command runs, and so do
-those of `wanspec.cli`, which attaches this command (importing it here would be circular)."""
+those of `wanspec.cli`, which attaches this command (importing it here would be circular); the
+model-loading options come from `wanspec.models.cli`, as `wanspec.cli`'s do."""
 
 from __future__ import annotations
 
 from typing import Any
 
 import click
+
+from wanspec.models.cli import loading_kwargs, loading_options
 
 
 @click.command("edge")
@@ -41,6 +44,7 @@ import click
 )
 @click.option("--max-concurrent", type=click.IntRange(1), default=2, show_default=True)
 @click.option("--threads", type=click.IntRange(1), default=None, help="Torch threads [2].")
+@loading_options
 def edge(
     server: str,
     draft: str | None,
@@ -56,6 +60,8 @@ def edge(
     connect_timeout: float,
     max_concurrent: int,
     threads: int | None,
+    dtype: str,
+    invariant: bool | None,
 ) -> None:
     """Serve /v1/models, /v1/completions and /v1/chat/completions on --listen, each request
     decoded speculatively with the draft here and the target on --server; a dropped link to
@@ -75,6 +81,7 @@ def edge(
     try:
         host, port = parse_address(listen)
         loading = {"threads": threads, "model_id": model_name, "max_concurrent": max_concurrent}
+        loading.update(loading_kwargs(dtype, invariant))
         models = (draft or DEFAULT_DRAFT, target or DEFAULT_TARGET)
         service = _service(server, *models, method, gamma, options, **loading)
     except (*_user_errors(), RemoteError) as err:
@@ -93,6 +100,8 @@ def _service(
     threads: int | None,
     model_id: str | None,
     max_concurrent: int,
+    dtype: Any,
+    invariant: bool | None,
 ) -> Any:
     from wanspec.edge_service.app import EdgeService
     from wanspec.models.lm import load_model
@@ -101,7 +110,7 @@ def _service(
     from wanspec.protocols.registry import get_method
 
     name = get_method(method).name  # an unknown method fails here, before any loading
-    draft_lm = load_model(resolve_model(draft), threads=threads)
+    draft_lm = load_model(resolve_model(draft), threads=threads, dtype=dtype, invariant=invariant)
     edge = load_edge(draft_lm, target, server, options, draft_name=draft)
     return EdgeService(
         edge,

@@ -12,9 +12,37 @@ from wanspec.assets import AssetError, artifact_path, is_cached
 from wanspec.models import registry
 from wanspec.models.convert import ConversionError
 
-__all__ = ["models"]
+__all__ = ["loading_kwargs", "loading_options", "models"]
 
 USER_ERRORS = (AssetError, ConversionError, registry.ModelError)
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def loading_options(f: Any) -> Any:
+    """--dtype and --invariant, for every command that loads a model (`wanspec serve`,
+    `generate`, `demo`, `edge`); `loading_kwargs` turns them into `load_model`'s arguments."""
+    f = click.option(
+        "--invariant/--no-invariant",
+        default=None,
+        help="Pass-shape-invariant kernels: a position's logits do not depend on the pass that "
+        "computes them, so a batch's tokens never depend on its neighbours [default: on for "
+        "bfloat16 and float16, which require it; off for float32].",
+    )(f)
+    return click.option(
+        "--dtype",
+        type=click.Choice(DTYPES),
+        default="float32",
+        show_default=True,
+        help="Dtype of the loaded models' weights.",
+    )(f)
+
+
+def loading_kwargs(dtype: str, invariant: bool | None) -> dict[str, Any]:
+    """`load_model` / `load_pair` keyword arguments for the given --dtype and --invariant (the
+    models themselves decide what None means and refuse a 16-bit dtype without invariance)."""
+    import torch
+
+    return {"dtype": getattr(torch, dtype), "invariant": invariant}
 
 
 @click.group("models")

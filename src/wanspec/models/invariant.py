@@ -164,3 +164,10 @@ def make_batch_invariant(model: torch.nn.Module, row_chunk: int | None = None) -
             module.__class__ = InvariantLinear
             module.row_chunk = row_chunk
     return count
+
+
+def is_batch_invariant(model: torch.nn.Module) -> bool:
+    """Whether `make_batch_invariant` has switched `model` (its attention and every linear)."""
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    attention = getattr(model.config, "_attn_implementation", None)
+    return attention == ATTENTION_NAME and all(isinstance(m, InvariantLinear) for m in linears)

@@ -458,13 +458,31 @@ def _eos_token_ids(model: PreTrainedModel, tokenizer: Any) -> tuple[int, ...]:
     return ()
 
 
+def resolve_invariant(dtype: torch.dtype, invariant: bool | None) -> bool:
+    """Whether a model loaded in `dtype` runs in pass-shape-invariant mode: `invariant` as given,
+    and None means "on unless float32". A 16-bit model must be invariant: its default kernels
+    change a position's logits with the pass shape enough to flip greedy choices, which the
+    exactness contract forbids (a position's q may not depend on the pass that computes it)."""
+    if invariant is None:
+        return dtype != torch.float32
+    if not invariant and dtype != torch.float32:
+        name = str(dtype).removeprefix("torch.")
+        raise ValueError(
+            f"{name} models run only in pass-shape-invariant mode (invariant=True, --invariant; "
+            f"the default for 16-bit dtypes): the default kernels change a position's logits "
+            f"with the pass shape (decode, verification, tree) enough to flip greedy tokens, "
+            f"which breaks the exactness contract; use float32 to run without it"
+        )
+    return invariant
+
+
 def load_model(
     path: str | Path,
     dtype: torch.dtype = torch.float32,
     threads: int | None = None,
     attn_implementation: str = "sdpa",
     fast_linear: bool = True,
-    invariant: bool = False,
+    invariant: bool | None = None,
 ) -> HFLanguageModel:
     """Load a local Hugging Face folder (model + tokenizer) as a `LanguageModel`.
 
@@ -472,8 +490,10 @@ def load_model(
     `fast_linear` swaps fp32 CPU linear layers to `_SwappedLinear` (faster, see there).
     `invariant` makes every pass pass-shape invariant (`wanspec.models.invariant`): a position's
     logits are bitwise the same in a one-token decode, a verification and a tree pass, at
-    1.0-2x the CPU time per pass; it replaces `fast_linear`.
+    1.0-2x the CPU time per pass; it replaces `fast_linear`. None (default): on for a 16-bit
+    `dtype`, off for float32; False with a 16-bit dtype is a ValueError (`resolve_invariant`).
     """
+    invariant = resolve_invariant(dtype, invariant)
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} is not a Hugging Face model folder (no config.json)")
