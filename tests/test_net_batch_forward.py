@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from wanspec.models.invariant import make_batch_invariant
-from wanspec.models.jobs import Forward, KeepTreePath, run_job, run_jobs_batched
+from wanspec.models.jobs import Forward, KeepTreePath, run_job, run_jobs_batched, split_forward
 from wanspec.models.lm import LanguageModel, load_model
 from wanspec.net.batching import ModelBatcher, _Ask, take_batch
 
@@ -138,3 +138,51 @@ def test_a_bad_job_fails_its_own_session_only(tiny_models: dict[str, Path]) -> N
                 torch.testing.assert_close(future.result(timeout=30), want, rtol=1e-4, atol=1e-4)
     finally:
         batcher.shutdown()
+
+
+@pytest.mark.parametrize(("n", "rows", "size"), [(10, 1, 4), (10, 6, 4), (10, 10, 3), (8, 0, 4)])
+def test_a_split_forward_covers_the_tokens_once_and_returns_the_asked_rows(
+    n: int, rows: int, size: int
+) -> None:
+    job = Forward(7, tuple(range(100, 100 + n)), rows)
+    pieces = split_forward(job, size)
+    assert all(len(p.tokens) <= size for p in pieces)
+    assert [t for p in pieces for t in p.tokens] == list(job.tokens)
+    assert [p.keep for p in pieces] == [7 + sum(len(q.tokens) for q in pieces[:i]) for i in
+                                        range(len(pieces))]  # fmt: skip
+    assert sum(p.rows for p in pieces) == rows
+    assert pieces[-1].rows == min(rows, len(pieces[-1].tokens))
+    assert split_forward(job, 0) == [job] == split_forward(job, n)
+
+
+def test_a_long_prefill_runs_in_pieces_and_lets_a_short_job_through(
+    tiny_models: dict[str, Path],
+) -> None:
+    """A long prompt asked first and a one-token step of another session asked right after: the
+    step finishes before the prompt's last piece, and the prompt's rows equal one pass's."""
+    model = load_model(tiny_models["llama"], threads=1, invariant=True)
+    prompt, other = _ids(model, (70, 5), 3)
+    long_job = Forward(0, tuple(prompt), 3)
+    expected = run_job(model.new_session(), long_job)
+    passes: list[tuple[str, ...]] = []
+
+    class Observer:
+        def batch_done(self, stats: object) -> None:
+            passes.append((stats.tokens, stats.sessions))  # type: ignore[attr-defined]
+
+    short_session = model.new_session()
+    run_job(short_session, Forward(0, tuple(other), 1))
+    batcher = ModelBatcher(256, prefill_chunk=16, waiters=2, observer=Observer())
+    finished: list[str] = []
+    try:
+        with batcher._ready:  # both queued before the model thread takes its first batch
+            slow = batcher.ask(model.new_session(), long_job)
+            quick = batcher.ask(short_session, Forward(5, (other[0],), 1))
+            slow.add_done_callback(lambda _: finished.append("prompt"))
+            quick.add_done_callback(lambda _: finished.append("step"))
+        assert torch.equal(slow.result(timeout=30), expected)
+        quick.result(timeout=30)
+    finally:
+        batcher.shutdown()
+    assert finished == ["step", "prompt"]  # the step did not wait for the whole prompt
+    assert passes == [(17, 2), (16, 1), (16, 1), (16, 1), (6, 1)]

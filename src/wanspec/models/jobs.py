@@ -116,6 +116,22 @@ class ForwardEmbeddings:
 Job = Forward | TreeForward | KeepTreePath | Embed | ForwardEmbeddings
 
 
+def split_forward(job: Forward, size: int) -> list[Forward]:
+    """`job` as consecutive `Forward`s of at most `size` tokens whose results, concatenated, are
+    `job`'s: a long prefill in pieces, so other sessions' passes can run between them and no
+    single pass holds attention over the whole prompt at once. `size` 0: never split."""
+    n = len(job.tokens)
+    if size <= 0 or n <= size:
+        return [job]
+    first_row = n - job.rows  # the first token whose logits row comes back
+    pieces = []
+    for start in range(0, n, size):
+        stop = min(start + size, n)
+        rows = max(0, stop - max(start, first_row))
+        pieces.append(Forward(job.keep + start, job.tokens[start:stop], rows))
+    return pieces
+
+
 def run_job(session: LanguageModel, job: Job) -> Any:
     """Carry out `job` on one KV-cache session; the only place a protocol's jobs touch a model."""
     if isinstance(job, Forward):

@@ -13,6 +13,11 @@ row (rows are padded to the longest). The oldest job always runs, alone if it is
 by itself (a long prefill); jobs that do not fit wait for the next pass in their order.
 `max_batch_tokens=0` runs one job at a time in arrival order (the comparison without batching).
 
+A `Forward` longer than `prefill_chunk` tokens (a long prompt) runs in pieces of that size
+(`split_forward`): after each piece it goes back to the end of the queue, so every other
+session's queued job runs between two pieces and a maximal prompt delays the others by one
+piece's pass, not by the whole prefill; its future gets the pieces' rows joined.
+
 The model thread is separate from the threads the drivers wait on: `ModelBatcher` is itself a
 `concurrent.futures.Executor` (what `drive` takes) whose threads only wait for the batch result,
 so a driver's measured job time here is its queueing plus its batch's pass.
@@ -27,14 +32,17 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from wanspec.models.jobs import Forward, Job, run_job, run_jobs_batched
+import torch
+
+from wanspec.models.jobs import Forward, Job, run_job, run_jobs_batched, split_forward
 from wanspec.models.lm import LanguageModel
 
 log = logging.getLogger("wanspec.serve")
 DEFAULT_MAX_BATCH_TOKENS = 256
+DEFAULT_PREFILL_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -59,6 +67,8 @@ class _Ask:
     job: Job
     future: Future[Any]
     asked: float  # time.perf_counter() when asked
+    rest: list[Forward] = field(default_factory=list)  # a split job's pieces still to run
+    done_rows: list[Any] = field(default_factory=list)  # its finished pieces' results
 
     @property
     def tokens(self) -> int:
@@ -96,13 +106,17 @@ class ModelBatcher(Executor):
         self,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
         *,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         waiters: int = 8,
         observer: BatchObserver | None = None,
         name: str = "wanspec-target",
     ) -> None:
         if max_batch_tokens < 0:
             raise ValueError(f"max_batch_tokens must be >= 0, got {max_batch_tokens}")
+        if prefill_chunk < 0:
+            raise ValueError(f"prefill_chunk must be >= 0, got {prefill_chunk}")
         self.max_batch_tokens = max_batch_tokens
+        self.prefill_chunk = prefill_chunk
         self.observer = observer
         self._queue: deque[_Ask] = deque()
         self._ready = threading.Condition()
@@ -115,10 +129,12 @@ class ModelBatcher(Executor):
     def ask(self, session: LanguageModel, job: Job) -> Future[Any]:
         """Queue `job` for `session`; the future gets its result (or its error)."""
         future: Future[Any] = Future()
+        pieces = split_forward(job, self.prefill_chunk) if isinstance(job, Forward) else [job]
+        ask = _Ask(session, pieces[0], future, time.perf_counter(), rest=pieces[1:])
         with self._ready:
             if self._stopping:
                 raise RuntimeError("the model executor is shut down")
-            self._queue.append(_Ask(session, job, future, time.perf_counter()))
+            self._queue.append(ask)
             self._ready.notify()
         return future
 
@@ -167,21 +183,38 @@ class ModelBatcher(Executor):
             for ask in batch:
                 self._run_alone(ask)
             return
-        seconds = time.perf_counter() - began
+        stats = _stats(batch, began, time.perf_counter() - began)  # before pieces move on
         for ask, result in zip(batch, results, strict=True):
-            ask.future.set_result(result)
+            self._done(ask, result)
         if self.observer is not None:
             try:
-                self.observer.batch_done(_stats(batch, began, seconds))
+                self.observer.batch_done(stats)
             except Exception:  # metrics must never stop the model thread
                 log.exception("batch observer failed")
 
     def _run_alone(self, ask: _Ask) -> None:
         """One job through `run_job`, so its error reaches its own session only."""
         try:
-            ask.future.set_result(run_job(ask.session, ask.job))
+            result = run_job(ask.session, ask.job)
         except Exception as exc:
             ask.future.set_exception(exc)
+            return
+        self._done(ask, result)
+
+    def _done(self, ask: _Ask, result: Any) -> None:
+        """Hand a job its result; a split job's piece instead queues the next piece last."""
+        if not ask.rest:
+            joined = torch.cat([*ask.done_rows, result]) if ask.done_rows else result
+            ask.future.set_result(joined)
+            return
+        ask.done_rows.append(result)
+        ask.job = ask.rest.pop(0)
+        with self._ready:
+            if self._stopping:
+                ask.future.set_exception(RuntimeError("the model executor is shut down"))
+                return
+            self._queue.append(ask)
+            self._ready.notify()
 
 
 def _stats(batch: Sequence[_Ask], began: float, seconds: float) -> BatchStats:
