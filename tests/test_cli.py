@@ -29,6 +29,26 @@ def test_methods_lists_every_method_with_losslessness() -> None:
     assert all(name in table for name in METHODS)
 
 
+def test_methods_table_columns_align_for_names_with_aliases() -> None:
+    header, *lines = CliRunner().invoke(main, ["methods"]).output.splitlines()
+    assert len(lines) == len(METHODS)
+    lossless_at, vocab_at = header.index("lossless"), header.index("vocabulary")
+    for line, m in zip(lines, METHODS.values(), strict=True):
+        name = m.name + (f" ({', '.join(m.aliases)})" if m.aliases else "")
+        assert line[:lossless_at].rstrip() == name and line[lossless_at - 1] == " ", line
+        assert line[lossless_at:vocab_at].rstrip() == ("yes" if m.lossless else "no"), line
+        assert line[vocab_at - 1] == " " and line[vocab_at] != " ", line
+    assert any(m.aliases for m in METHODS.values())  # the case that used to push columns right
+
+
+def test_methods_describe_srdv_fallback_on_the_cloud_not_hr() -> None:
+    output = CliRunner().invoke(main, ["methods", "--json"]).output
+    rows = {r["name"]: r for r in json.loads(output)}
+    for name in ("xcosd-e", "acespec-x"):
+        description = rows[name]["description"]
+        assert "HR" not in description and "p̃" in description, description
+
+
 def test_generate_json_on_tiny_pair(tiny_pair_hetero) -> None:
     draft, target = tiny_pair_hetero
     args = [

@@ -6,7 +6,8 @@ the edge drafts ahead instead of idling:
 - AceSpec also drafts alternative branches: at each chain depth k the top-F_k draft tokens other
   than x_k, each continued for γ tokens, all tips extended together in ONE tree pass per depth.
 On the reply the edge resolves the rejected position exactly (the method's scheme: the sparse
-target distribution for `picospec`/`acespec`, SR-DV with the HR fallback for `acespec-x`), then
+target distribution for `picospec`/`acespec`, SR-DV for `acespec-x`, whose fallback after M
+candidate rounds is the residual of the float q drawn on the cloud from the uploaded p̃), then
 looks up the outcome (π, token): a hit makes that branch's continuation the next main chain at
 once (its KV entries kept behind the verified prefix, the rest dropped); a miss cancels the tree
 and redrafts. At full acceptance the cloud samples no bonus token: the continuation's first token

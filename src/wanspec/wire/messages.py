@@ -449,7 +449,9 @@ class ResampleKind(enum.IntEnum):
     """What a ResampleRequest asks for."""
 
     O_SAMPLE = 0  # HR, region O chosen: a sample of q restricted to O (answered by OToken)
-    HR_DIST = 1  # SR-DV fallback: q restricted to C and theta_o (answered by VerifyResult)
+    # the paper's SR-DV fallback (HR: q restricted to C and theta_o); it still decodes, but no
+    # scheme sends or answers it: wanspec's SR-DV falls back by uploading p̃ of that position
+    HR_DIST = 1
 
 
 @dataclass(frozen=True)
