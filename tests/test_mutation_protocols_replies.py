@@ -104,13 +104,15 @@ def _dists_draft(width: int, tokens: tuple[int, ...]) -> wire.DraftWithDists:
 @pytest.mark.parametrize(
     ("method", "draft", "reason"),
     [
-        ("naive", wire.Draft(0, 0, (), (5, 300), (9, 9)), "draft token outside the target "
-         "vocabulary [0, 300)"),
-        ("naive", wire.Draft(0, 0, (300,), (5,), (9,)), "draft token outside the target "
-         "vocabulary [0, 300)"),
-        ("naive", wire.Draft(0, 0, (), (5, 6), (9,)), "every drafted token needs its p(x)"),
+        ("naive", wire.Draft(0, 0, (), (5, 300), (9, 9)), "draft for round 0: a token outside "
+         "the target vocabulary [0, 300)"),
+        ("naive", wire.Draft(0, 0, (300,), (5,), (9,)), "draft for round 0: a token outside the "
+         "target vocabulary [0, 300)"),
+        ("naive", wire.Draft(0, 0, (), (5, 6), (9,)), "draft for round 0: every drafted token "
+         "needs its p(x)"),
         ("naive", wire.Draft(0, 0, (), (), ()), "unexpected Draft for round 0"),
-        ("ul", _dists_draft(299, (5,)), "draft distributions over 299 ids, target has 300"),
+        ("ul", _dists_draft(299, (5,)), "draft for round 0: distributions over 299 ids, target "
+         "has 300"),
     ],
 )  # fmt: skip
 def test_the_cloud_refuses_a_draft_it_cannot_verify(

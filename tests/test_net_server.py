@@ -10,6 +10,7 @@ shutdown that ends an in-flight session with a reason.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import shutil
 import socket
 import subprocess
@@ -18,7 +19,6 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
@@ -459,12 +459,24 @@ def test_an_edge_that_never_reads_costs_one_bounded_session(
 
 
 def test_a_failure_inside_a_session_is_internal_and_the_server_goes_on(
-    hetero: wanspec.Pair, guarded: Any, healthy_tokens: list[int]
+    hetero: wanspec.Pair,
+    guarded: Any,
+    healthy_tokens: list[int],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Split activations of the wrong width make the target's forward raise in that session."""
-    wrong = wire.HiddenStates(1, np.zeros((1, 3), dtype=np.float32))
-    data = _frames(AUTH, _hello(hetero, method="split"), wire.StartRequest(0, "", {}), wrong)
-    bad = _send_and_read_error(guarded[1].address, data)
+    """A bug on the server's own side (its prompt encoder failing on one prompt) ends only that
+    session, with INTERNAL; a peer's mistakes get their own codes (tests/test_peer_errors.py)."""
+    server = guarded[1]
+    encode = server.info.encode
+
+    def buggy(text: str) -> list[int]:
+        if text == "boom":
+            raise RuntimeError("a bug in the server's encoder")
+        return encode(text)
+
+    monkeypatch.setattr(server, "info", dataclasses.replace(server.info, encode=buggy))
+    data = _frames(AUTH, _hello(hetero), wire.StartRequest(0, "boom", {"max_new_tokens": NEW}))
+    bad = _send_and_read_error(server.address, data)
     error = _alongside_a_healthy_session(hetero, guarded, bad, healthy_tokens)
     assert error.code == ErrorCode.INTERNAL and "internal error" in error.message
 

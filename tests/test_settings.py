@@ -7,7 +7,7 @@ import math
 import pytest
 
 from wanspec import wire
-from wanspec.protocols.settings import MAX_GAMMA, MAX_NEW_TOKENS, GenerationSettings
+from wanspec.protocols.settings import MAX_GAMMA, MAX_NEW_TOKENS, MAX_SRDV_M, GenerationSettings
 
 BAD = [
     ("seed", -1),
@@ -23,6 +23,7 @@ BAD = [
     ("srdv_k", 0),
     ("srdv_k", wire.DEFAULT_LIMITS.max_candidates + 1),
     ("srdv_m", 0),
+    ("srdv_m", MAX_SRDV_M + 1),
     ("tr_k", 0),
     ("uhlm_samples", 0),
     ("uhlm_eta_max", 0.0),
@@ -56,6 +57,7 @@ def test_limits_follow_the_wire() -> None:
     edge = GenerationSettings(
         gamma=MAX_GAMMA,
         srdv_k=wire.DEFAULT_LIMITS.max_candidates,
+        srdv_m=MAX_SRDV_M,
         seed=(1 << 63) - 1,
         max_new_tokens=MAX_NEW_TOKENS,
         stop=("x" * (wire.DEFAULT_LIMITS.max_string - 1000),),

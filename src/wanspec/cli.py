@@ -42,11 +42,20 @@ def methods(as_json: bool) -> None:
     if as_json:
         click.echo(json.dumps(rows, indent=2, ensure_ascii=False))
         return
-    click.echo(f"{'method':<10} {'lossless':<9} {'vocabulary':<32} description")
-    for r in rows:
-        name = r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else "")
-        lossless = "yes" if r["lossless"] else "no"
-        click.echo(f"{name:<10} {lossless:<9} {r['vocab']:<32} {r['description']}")
+    table = [
+        (
+            r["name"] + (f" ({', '.join(r['aliases'])})" if r["aliases"] else ""),
+            "yes" if r["lossless"] else "no",
+            r["vocab"],
+            r["description"],
+        )
+        for r in rows
+    ]
+    header = ("method", "lossless", "vocabulary", "description")
+    widths = [max(len(row[i]) for row in [header, *table]) for i in range(3)]
+    for row in [header, *table]:
+        cells = [cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)]
+        click.echo("  ".join([*cells, row[3]]))
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -508,6 +517,12 @@ def _default_draft_tokenizers(target: str) -> tuple[str, ...]:
 )
 @click.option("--max-new-tokens", type=click.IntRange(1), default=4096, show_default=True)
 @click.option(
+    "--max-prompt-tokens",
+    type=click.IntRange(1),
+    default=None,
+    help="Refuse a prompt of more tokens (LIMIT) [default: only the target's context length].",
+)
+@click.option(
     "--idle-timeout",
     callback=_parsed("duration"),
     default="60s",
@@ -529,6 +544,31 @@ def _default_draft_tokenizers(target: str) -> tuple[str, ...]:
     show_default=True,
     help="How long a resumable session whose edge dropped waits for it to reconnect.",
 )
+@click.option(
+    "--max-held-sessions",
+    type=click.IntRange(1),
+    default=4,
+    show_default=True,
+    help="Resumable sessions held for an edge that dropped, beside --max-sessions; past it the "
+    "one held longest ends.",
+)
+@click.option(
+    "--max-pending-handshakes",
+    type=click.IntRange(1),
+    default=64,
+    show_default=True,
+    help="Connections that have not shaken hands yet; past it the oldest gives way, or the "
+    "newcomer gets BUSY.",
+)
+@click.option(
+    "--max-kv-memory",
+    "max_kv_bytes",
+    callback=_parsed("size"),
+    default=None,
+    metavar="SIZE",
+    help="KV-cache budget of all open sessions together (bytes, or 512MiB, 2GiB, 4G): a session "
+    "whose estimate (prompt + max_new_tokens tokens) does not fit gets LIMIT [default: none].",
+)
 @click.option("--threads", type=click.IntRange(1), default=None, help="Torch threads [2].")
 @loading_options
 @click.option(
@@ -540,6 +580,14 @@ def _default_draft_tokenizers(target: str) -> tuple[str, ...]:
     "tokens; 0 = one job at a time.",
 )
 @click.option("--no-batching", is_flag=True, help="Same as --max-batch-tokens 0.")
+@click.option(
+    "--prefill-chunk",
+    type=click.IntRange(0),
+    default=256,
+    show_default=True,
+    help="Run a longer prompt's prefill in pieces of this many tokens, the other sessions' jobs "
+    "between them; 0 = in one pass.",
+)
 @click.option(
     "--metrics-port",
     type=click.IntRange(0, 65535),
@@ -561,14 +609,23 @@ def serve(
     request_timeout: float,
     max_batch_tokens: int,
     no_batching: bool,
+    prefill_chunk: int,
     metrics_port: int | None,
+    max_prompt_tokens: int | None,
     **limits: Any,
 ) -> None:
     """Serve a target model to edges over TCP; Ctrl-C ends open sessions with 'shutdown'."""
     import asyncio
+    import dataclasses
     import logging
 
-    from wanspec.net.server import CloudServer, ServerLimits, build_target_info, server_tls
+    from wanspec.net.server import (
+        CloudServer,
+        ServerLimits,
+        build_target_info,
+        format_bytes,
+        server_tls,
+    )
     from wanspec.net.service import serve_until_signalled
 
     if (tls_cert is None) != (tls_key is None):
@@ -583,11 +640,15 @@ def serve(
         target_lm = load_model(resolve_model(target), threads=threads, **loading)
         drafts = draft_tokenizers or _default_draft_tokenizers(target)
         info = build_target_info(target_lm, [load_tokenizer(name) for name in drafts])
+        info = dataclasses.replace(info, max_prompt_tokens=max_prompt_tokens)
         tls = server_tls(tls_cert, tls_key) if tls_cert and tls_key else None
         limits["idle_timeout_s"], limits["request_timeout_s"] = idle_timeout, request_timeout
         rules = ServerLimits(**limits)
         address = {"host": host, "port": port}
-        batching = {"max_batch_tokens": 0 if no_batching else max_batch_tokens}
+        batching = {
+            "max_batch_tokens": 0 if no_batching else max_batch_tokens,
+            "prefill_chunk": prefill_chunk,
+        }
         server = CloudServer(
             target_lm, info, **address, token=token, tls=tls, limits=rules, **batching
         )
@@ -602,6 +663,10 @@ def serve(
         click.echo(f"  draft tokenizers: {accepted}; Ctrl-C stops")
         limit = batching["max_batch_tokens"]
         click.echo(f"  batching: {f'up to {limit} tokens per pass' if limit else 'off'}")
+        chunk = f"in pieces of {prefill_chunk} tokens" if prefill_chunk else "in one pass"
+        kv = rules.max_kv_bytes
+        budget = f"{format_bytes(kv)} for all sessions" if kv is not None else "none"
+        click.echo(f"  prefill: {chunk}; KV-cache budget: {budget}")
         kernels = "pass-shape invariant" if is_batch_invariant(target_lm.model) else "default"
         click.echo(f"  model: {dtype}, {kernels} kernels")
         if metrics_port is not None:

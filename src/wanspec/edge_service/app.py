@@ -7,15 +7,20 @@ same event loop as the HTTP server (the draft runs on a thread of its own per re
 event. A dropped link to the cloud is resumed underneath; the response's `wanspec` field says
 how the request went (acceptance, bits per token, rounds, reconnects).
 
-Errors have OpenAI's shape: 400 for a bad request (missing or ill-typed field, negative
-`max_tokens`, `n` > 1, settings wanspec refuses), 404 for an unknown model, 503 when the cloud
-is busy or unreachable, 502 when it fails the request.
+Errors have OpenAI's shape, whatever went wrong: 400 for a bad request (a body that is not a
+JSON object, a missing or ill-typed field, a prompt with no tokens, negative `max_tokens`,
+`n` > 1, settings wanspec refuses), 404 for an unknown model or path, 503 when the cloud is busy
+or unreachable, 502 when it fails the request, 500 for a failure here (its message names the
+exception's type only: no traceback, no source path). A request whose HTTP client goes away is
+given up at once, and its cloud session closed with `Close`: the cloud would otherwise hold it
+for a reconnection that never comes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Callable
@@ -25,6 +30,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
 
 from wanspec.edge_service import schemas
 from wanspec.edge_service.schemas import ChatRequest, CompletionRequest, SamplingRequest
@@ -38,9 +44,12 @@ from wanspec.net.client import (
     generate_resumable,
 )
 from wanspec.protocols.base import ErrorCode
+from wanspec.protocols.registry import get_method
 from wanspec.protocols.settings import GenerationSettings
 
 DEFAULT_CHAT_MAX_TOKENS = 256
+CLIENT_GONE = 499  # the status of a response nobody is left to read (as nginx logs it)
+log = logging.getLogger("wanspec.edge")
 
 
 class ApiError(Exception):
@@ -134,9 +143,21 @@ class EdgeService:
         except ValueError as exc:
             raise ApiError(400, str(exc)) from exc
         chat = edge is not None
+        edge = edge or self.edge
+        self._check_prompt(edge, prompt, "messages" if chat else "prompt")
         kind = "chatcmpl" if chat else "cmpl"
         ids = schemas.new_id(kind)
-        return Job(edge or self.edge, prompt, settings, chat, request.include_usage, ids)
+        return Job(edge, prompt, settings, chat, request.include_usage, ids)
+
+    def _check_prompt(self, edge: RemotePair, prompt: str, param: str) -> None:
+        """Refuse a prompt neither side can start from: no target ids (an empty prompt, and a
+        tokenizer that adds no BOS), or no draft ids when the method drafts."""
+        drafts = get_method(self.method).needs_draft
+        if edge.target_encode(prompt) and not (drafts and not edge.draft_encode(prompt)):
+            return
+        raise ApiError(
+            400, f"{param}: no tokens to continue from (the prompt is empty)", param=param
+        )
 
     def completion_job(self, request: CompletionRequest) -> Job:
         try:
@@ -239,9 +260,30 @@ def _delta(job: Job, text: str, finish: str | None = None, first: bool = False) 
     return [schemas.completion_choice(text, finish)]
 
 
+# runs given up while their Close is still on its way to the cloud: kept referenced until done
+_ENDING: set[asyncio.Task[Any]] = set()
+
+
+def _give_up(task: asyncio.Task[Any]) -> None:
+    """Cancel a request's run (its client went away); on its way out it says Close to the
+    cloud (`wanspec.net.client`), which needs no one to wait for it here."""
+    if task.done():
+        return
+    task.cancel()
+    _ENDING.add(task)
+    task.add_done_callback(_ENDING.discard)
+
+
+async def _disconnected(request: Request) -> None:
+    """Return once the HTTP client has gone away (the body is read: nothing else comes)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
 async def _events(service: EdgeService, job: Job) -> AsyncIterator[str]:
     """Server-sent events: a chunk per batch of committed tokens as the edge commits it, then
-    the finish reason (with the `wanspec` stats), usage if asked for, and `[DONE]`."""
+    the finish reason (with the `wanspec` stats), usage if asked for, and `[DONE]`. When the
+    client goes away, Starlette cancels this generator, and the run is given up."""
     text = TextStream(service.edge.decode, job.settings.stop)
     batches: asyncio.Queue[tuple[int, ...] | None] = asyncio.Queue()
     began = time.monotonic()
@@ -263,16 +305,34 @@ async def _events(service: EdgeService, job: Job) -> AsyncIterator[str]:
             yield _chunk(service, job, [], usage=counts)
     except RemoteError as exc:
         yield f"data: {json.dumps(schemas.error_body(str(exc), 'server_error'))}\n\n"
+    except Exception as exc:
+        log.exception("a streamed request failed")
+        yield f"data: {json.dumps(_internal(exc))}\n\n"
     finally:
-        task.cancel()  # the client went away, or the run is over anyway
+        _give_up(task)  # the client went away, or the run is over anyway
     yield "data: [DONE]\n\n"
 
 
-async def _answer(service: EdgeService, job: Job, stream: bool) -> Any:
+def _internal(exc: BaseException) -> dict[str, Any]:
+    """A failure here, as the client sees it: the exception's type, nothing of where."""
+    return schemas.error_body(f"internal error: {type(exc).__name__}", "server_error")
+
+
+async def _answer(service: EdgeService, job: Job, stream: bool, request: Request) -> Any:
     if stream:
         return StreamingResponse(_events(service, job), media_type="text/event-stream")
+    work = asyncio.ensure_future(service.complete(job))
+    gone = asyncio.ensure_future(_disconnected(request))
     try:
-        outcome = await service.complete(job)
+        await asyncio.wait([work, gone], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        finished = work.done()
+        _give_up(work)  # the client went away (or this handler was cancelled)
+    if not finished:
+        return ApiError(CLIENT_GONE, "the client went away").response()
+    try:
+        outcome = work.result()
     except RemoteError as exc:
         return _cloud_error(exc).response()
     return JSONResponse(_body(service, job, outcome))
@@ -288,10 +348,19 @@ def create_app(service: EdgeService) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def bad_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        first = exc.errors()[0] if exc.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or None
-        message = f"{where}: {first.get('msg', 'invalid request')}" if where else str(exc)
-        return ApiError(400, message, param=where).response()
+        return _validation_error(exc).response()
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        # FastAPI's own: a body it cannot parse (not UTF-8, nested too deep), no such route
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        detail = exc.detail if isinstance(exc.detail, str) else "invalid request"
+        message = f"{detail} ({request.method} {request.url.path})"
+        return JSONResponse(schemas.error_body(message, kind), exc.status_code, exc.headers)
+
+    @app.exception_handler(Exception)
+    async def internal_error(request: Request, exc: Exception) -> JSONResponse:
+        return JSONResponse(_internal(exc), status_code=500)
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
@@ -304,14 +373,30 @@ def create_app(service: EdgeService) -> FastAPI:
         return _model(service)
 
     @app.post("/v1/completions")
-    async def completions(request: CompletionRequest) -> Any:
-        return await _answer(service, service.completion_job(request), request.stream)
+    async def completions(request: CompletionRequest, http: Request) -> Any:
+        return await _answer(service, service.completion_job(request), request.stream, http)
 
     @app.post("/v1/chat/completions")
-    async def chat_completions(request: ChatRequest) -> Any:
-        return await _answer(service, service.chat_job(request), request.stream)
+    async def chat_completions(request: ChatRequest, http: Request) -> Any:
+        return await _answer(service, service.chat_job(request), request.stream, http)
 
     return app
+
+
+def _validation_error(exc: RequestValidationError) -> ApiError:
+    """A body FastAPI could not take, as one OpenAI error: the first problem and the field it
+    is in (never `str(exc)`, which names this file and line)."""
+    first = exc.errors()[0] if exc.errors() else {}
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    if first.get("type") == "json_invalid":
+        why = (first.get("ctx") or {}).get("error", "invalid JSON")
+        at = f" at character {loc[0]}" if loc else ""
+        return ApiError(400, f"the body is not valid JSON: {why}{at}")
+    where = ".".join(loc) or None
+    msg = first.get("msg", "invalid request")
+    if where is None:
+        return ApiError(400, f"the body must be a JSON object: {msg}")
+    return ApiError(400, f"{where}: {msg}", param=where)
 
 
 def _model(service: EdgeService) -> dict[str, Any]:

@@ -44,6 +44,7 @@ from wanspec.protocols.settings import GenerationSettings
 from wanspec.vocab import TokenTable, VocabAlignment
 
 Address = tuple[str, int]
+CLOSE_WAIT_S = 2.0  # for a request given up: its Close, and the server's hanging up
 NO_ANSWER_HINT = " (before any answer: a TLS server reached without TLS, or not a wanspec server?)"
 
 
@@ -421,6 +422,9 @@ async def generate_async(
             limits=DriverLimits(deadline_s=options.timeout_s, write_timeout_s=options.timeout_s),
             on_emit=emitted,
         )
+    except asyncio.CancelledError:
+        await _abandon(transport, machine)
+        raise
     except (SessionAborted, OSError) as exc:
         where = f"{address[0]}:{address[1]}"
         if isinstance(transport, EdgeStream) and transport.lost is not None:
@@ -439,6 +443,23 @@ async def generate_async(
     if isinstance(transport, EdgeStream):
         run.extra["reconnects"] = transport.reconnects
     return run
+
+
+async def _abandon(transport: MessageStream | EdgeStream, machine: EdgeMachine) -> None:
+    """The caller gave the request up (an HTTP client went away): say `Close`, so the server
+    ends the session now instead of holding a resumable one for a reconnection. Then read
+    what the server still sends until it hangs up: closing with unread bytes would reset the
+    connection, and a reset can destroy the Close before the server has read it."""
+    if machine.done or not transport.sent.messages:
+        return  # over already (it said Close itself), or the server has no Hello yet
+    stream = transport.current if isinstance(transport, EdgeStream) else transport
+    with contextlib.suppress(OSError, TimeoutError, wire.WireError):
+        async with asyncio.timeout(CLOSE_WAIT_S):
+            await transport.send(wire.Close("cancelled"))
+            if stream.writer.can_write_eof():
+                stream.writer.write_eof()
+            while await stream.reader.read(64 << 10):
+                pass
 
 
 async def _with_retries(attempt: Callable[[], Any], retry: RetryPolicy) -> RemoteRun:

@@ -17,6 +17,10 @@ Names follow vLLM's where the meaning is the same, under the `wanspec:` prefix:
 `spec_decode_num_drafts`, `spec_decode_num_draft_tokens`, `spec_decode_num_accepted_tokens`,
 `spec_decode_num_accepted_tokens_per_pos` (label `position`, 0 = the first drafted token),
 `iteration_tokens_total` (tokens per model pass) and `num_requests_running`.
+
+Every label value comes from a known set (`method_label`, `outcome_kind`, `error_kind`, message
+types, draft positions): an edge chooses what it sends, and a label it could name would grow the
+registry, and each scrape, without bound. Anything outside the set is counted as "other".
 """
 
 from __future__ import annotations
@@ -32,17 +36,48 @@ from wanspec import wire
 from wanspec.net.batching import BatchStats
 from wanspec.net.framing import MessageStream
 from wanspec.protocols.base import ErrorCode
+from wanspec.protocols.registry import METHODS, get_method
 
 SIZE_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64)
 TOKEN_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 DRAFTS = (wire.Draft, wire.DraftWithDists)
+OTHER = "other"  # the label value of anything outside a label's known set
+# how sessions end: the machines' finish reasons and the server's own
+OUTCOMES = frozenset(
+    {"done", "eos", "stop", "length", "closed_by_edge", "cloud_finished", "error", "refused"}
+    | {"edge_gone", "edge_stalled", "shutdown", "internal_error", "resumed", "open", "unknown"}
+)
+# what a session record names instead of a method: none asked yet, a reconnection
+SESSION_KINDS = frozenset({"-", "resume"})
+
+
+def method_label(method: str) -> str:
+    """A method as a label value: its registry name (aliases resolved), "-" when none was
+    named, "resume" for a reconnection, "other" for anything else an edge sent."""
+    if method in METHODS or method in SESSION_KINDS:
+        return method
+    if not method:
+        return "-"
+    try:
+        return get_method(method).name
+    except ValueError:
+        return OTHER
 
 
 def outcome_kind(outcome: str) -> str:
-    """A session's outcome as a label value: the part before any ':' ("error: …" -> "error")."""
-    head = outcome.split(":", 1)[0].strip().lower()
-    return head.replace(" ", "_") or "unknown"
+    """A session's outcome as a label value: the part before any ':' ("error: …" -> "error"),
+    "other" when that is not a known kind."""
+    head = outcome.split(":", 1)[0].strip().lower().replace(" ", "_") or "unknown"
+    return head if head in OUTCOMES else OTHER
+
+
+def error_kind(code: int) -> str:
+    """An error code as a label value: its name, or "other" for a code this build lacks."""
+    try:
+        return ErrorCode(code).name
+    except ValueError:
+        return OTHER
 
 
 class ServerMetrics:
@@ -111,7 +146,7 @@ class ServerMetrics:
 
     def session_closed(self, method: str, outcome: str) -> None:
         kind = outcome_kind(outcome)
-        self.requests.labels(method or "-", kind).inc()
+        self.requests.labels(method_label(method), kind).inc()
         if kind in ("edge_gone", "edge_stalled", "internal_error"):
             self.errors.labels(kind).inc()
 
@@ -146,14 +181,14 @@ class SessionObserver:
     def received(self, msg: wire.Message, frame_bytes: int) -> None:
         self._count("up", msg, frame_bytes)
         if isinstance(msg, wire.Hello):
-            self.method = msg.method
+            self.method = method_label(msg.method)
         elif isinstance(msg, DRAFTS) and msg.round not in self.verified:
             self.drafts.setdefault(msg.round, (time.perf_counter(), len(msg.tokens)))
 
     def sent(self, msg: wire.Message, frame_bytes: int) -> None:
         self._count("down", msg, frame_bytes)
         if isinstance(msg, wire.Error):
-            self.metrics.errors.labels(_code_name(msg.code)).inc()
+            self.metrics.errors.labels(error_kind(msg.code)).inc()
         elif isinstance(msg, wire.VerifyResult) and msg.round in self.drafts:
             self._verdict(msg)
 
@@ -173,13 +208,6 @@ class SessionObserver:
         kind = type(msg).__name__
         self.metrics.frames.labels(direction, kind).inc()
         self.metrics.bits.labels(direction, kind).inc(8 * frame_bytes)
-
-
-def _code_name(code: int) -> str:
-    try:
-        return ErrorCode(code).name
-    except ValueError:
-        return str(code)
 
 
 @dataclass

@@ -301,25 +301,68 @@ class EdgeStream(ResumableStream):
 
 class CloudStream(ResumableStream):
     """The cloud's side: after a drop it waits up to `grace_s` for the edge to `attach` a new
-    connection; the session's state (machine, KV cache) lives on meanwhile."""
+    connection; the session's state (machine, KV cache) lives on meanwhile. `on_detach(self)`
+    is told when that wait begins; `drop` ends it early (the server holds only so many)."""
 
-    def __init__(self, stream: MessageStream, *, grace_s: float, keep: int = 64) -> None:
+    def __init__(
+        self,
+        stream: MessageStream,
+        *,
+        grace_s: float,
+        keep: int = 64,
+        on_detach: Callable[[CloudStream], None] | None = None,
+    ) -> None:
         super().__init__(stream, keep)
         self.grace_s = grace_s
+        self.on_detach = on_detach
+        self.detached_since: float | None = None  # loop time the wait for the edge began
         self._attached = asyncio.Condition()
+        self._grace: asyncio.Timeout | None = None
+        self._dropped: str | None = None
+        self._ended = False  # the edge sent Close (or Error): after that, a drop is the end
+
+    async def receive(self) -> wire.Message:
+        msg = await super().receive()
+        self._ended = self._ended or isinstance(msg, wire.Close | wire.Error)
+        return msg
+
+    @property
+    def waiting(self) -> bool:
+        """Waiting for the edge to come back (and not dropped)."""
+        return self._grace is not None and self._dropped is None
+
+    def drop(self, reason: str) -> None:
+        """Give the session up now: its wait for the edge ends in SessionLost(`reason`), and
+        the edge can no longer attach."""
+        self._dropped = reason
+        if self._grace is not None and not self._grace.expired():
+            self._grace.reschedule(asyncio.get_running_loop().time())
 
     async def _recover(self, failed: MessageStream, cause: BaseException) -> None:
+        if self._ended:  # its Close is the machine's to see, and nobody comes back
+            raise SessionLost(f"the edge ended the session and left ({cause})")
+        self.detached_since = asyncio.get_running_loop().time()
         try:
-            async with asyncio.timeout(self.grace_s), self._attached:
+            async with asyncio.timeout(self.grace_s) as grace, self._attached:
+                self._grace = grace
+                if self.on_detach is not None:
+                    self.on_detach(self)
                 await self._attached.wait_for(lambda: self._stream is not failed)
         except TimeoutError:
             raise SessionLost(
-                f"the edge did not come back within the {self.grace_s:g} s grace period ({cause})"
+                self._dropped
+                or f"the edge did not come back within the {self.grace_s:g} s grace period "
+                f"({cause})"
             ) from None
+        finally:
+            self._grace = self.detached_since = None
 
     async def attach(self, stream: MessageStream, peer_received: int) -> None:
         """The edge is back on `stream` (wrapped by `wrap`): answer with this side's count and
-        replay what it missed. SessionLost if the log no longer reaches back far enough."""
+        replay what it missed. SessionLost if the log no longer reaches back far enough, or the
+        session was dropped."""
+        if self._dropped is not None:
+            raise SessionLost(self._dropped)
         await self._install(stream, peer_received, wire.Resumed(self.delivered))
         async with self._attached:
             self._attached.notify_all()

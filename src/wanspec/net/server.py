@@ -8,12 +8,22 @@ is queued when the model frees up runs as one forward pass over the sessions' ow
 metrics go to `self.metrics` (`wanspec.net.metrics`). Everything else (sockets,
 codec, sampling and verification inside the machines) runs on the event loop.
 
-Admission, before any model work: past `max_sessions` a connection gets `Error(BUSY)`; a server
-with a token needs an `Auth` frame with it first (`Error(UNAUTHORIZED)` otherwise); frames are
-bounded by `max_frame`, requests by `max_new_tokens`. Deadlines: the handshake must arrive
-within `handshake_timeout_s`, an edge may stay silent `idle_timeout_s` while nothing computes
-for it, a session lasts at most `request_timeout_s`, and one frame's write waits at most
-`write_timeout_s` for a peer that does not read (the transport then holds at most
+Admission, before any model work: a server with a token needs an `Auth` frame with it first
+(`Error(UNAUTHORIZED)` otherwise); frames are bounded by `max_frame`, requests by
+`max_new_tokens`. A session slot is taken only once the edge has shaken hands (its token, then
+its first protocol frame): past `max_sessions` such sessions it gets `Error(BUSY)`. Until then a
+connection is one of at most `max_pending_handshakes` pending handshakes, `max_pending_per_peer`
+of them from one address; past either, the oldest that has waited `pending_evict_after_s` is
+dropped with `Error(BUSY)`, so silent sockets cannot keep authenticated edges out. A resumable
+session whose edge dropped without `Close` is held for it (`resume_grace_s`) outside the slots,
+at most `max_held_sessions` at once: past that the one held longest is dropped. With a
+`max_kv_bytes` budget, a session whose KV-cache estimate (its prompt's tokens plus
+`max_new_tokens`, times the target's bytes per cached token) does not fit in what the open
+sessions left of it gets `Error(LIMIT)` once the request is admitted, before its prefill; the
+share is reserved until the session ends (a held one included). Deadlines: the
+handshake must arrive within `handshake_timeout_s`, an edge may stay silent `idle_timeout_s`
+while nothing computes for it, a session lasts at most `request_timeout_s`, and one frame's write
+waits at most `write_timeout_s` for a peer that does not read (the transport then holds at most
 `write_buffer_bytes` plus one frame). Every violation ends that session with an `Error` frame
 saying why. A session that fails inside gets `Error(INTERNAL)`; the server and the other sessions
 go on. `stop()` (SIGINT/SIGTERM under `wanspec serve`) ends every open session with
@@ -31,13 +41,13 @@ import logging
 import ssl
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from wanspec import wire
-from wanspec.net.batching import DEFAULT_MAX_BATCH_TOKENS, ModelBatcher
+from wanspec.net.batching import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_PREFILL_CHUNK, ModelBatcher
 from wanspec.net.client import prompt_encoder
 from wanspec.net.driver import (
     DriveResult,
@@ -49,11 +59,11 @@ from wanspec.net.driver import (
     receive,
 )
 from wanspec.net.framing import MessageStream, write_message
-from wanspec.net.metrics import ServerMetrics
+from wanspec.net.metrics import ServerMetrics, method_label
 from wanspec.net.resume import CloudStream, SessionLost
 from wanspec.net.service import TcpService
-from wanspec.protocols.base import ErrorCode, ProtocolError
-from wanspec.protocols.endpoints import TargetInfo
+from wanspec.protocols.base import Action, ErrorCode, Event, ProtocolError
+from wanspec.protocols.endpoints import CloudEndpoint, TargetInfo
 from wanspec.protocols.registry import make_cloud, target_info
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.vocab import VocabAlignment
@@ -75,9 +85,16 @@ class ServerLimits:
     linger_s: float = 2.0  # after a session, read what the edge still sends (no RST on close)
     resume_grace_s: float = 30.0  # a resumable session waits this long for a dropped edge
     replay_messages: int = 64  # sent messages a resumable session keeps for a replay
+    max_held_sessions: int = 4  # sessions waiting for a dropped edge, outside max_sessions
+    max_pending_handshakes: int = 64  # connections not yet handshaken, from everywhere
+    max_pending_per_peer: int = 4  # the same from one address (soft: only old ones are dropped)
+    pending_evict_after_s: float = 1.0  # a pending handshake this old may give way to a new one
+    max_kv_bytes: int | None = None  # all open sessions' KV-cache estimates together (None: any)
 
     def __post_init__(self) -> None:
         for name, value in vars(self).items():
+            if value is None and name == "max_kv_bytes":
+                continue
             if not value > 0:
                 raise ValueError(f"server limit {name} must be > 0, got {value!r}")
 
@@ -102,11 +119,72 @@ class SessionRecord:
     resumable: str = ""  # the resumable session's id (its first 12 characters), if it is one
 
     def finished_with(self, result: DriveResult) -> None:
-        self.outcome = result.finish_reason
+        self.outcome = clip(result.finish_reason)
         self.rounds = result.computes.get("verify", 0)
         self.forward_s = sum(result.compute_s.values())
         self.compute_s = dict(result.compute_s)
         self.handle_cpu_s = result.handle_cpu_s
+
+
+@dataclass
+class PendingHandshake:
+    """A connection that has not shaken hands yet: its address, since when it waits (loop
+    time) and its deadline, which `drop` brings forward to now."""
+
+    key: int
+    host: str
+    since: float
+    deadline: asyncio.Timeout | None = None
+    dropped: bool = False
+
+    def drop(self) -> None:
+        self.dropped = True
+        if self.deadline is not None and not self.deadline.expired():
+            self.deadline.reschedule(asyncio.get_running_loop().time())
+
+
+class KvReserving:
+    """A session's cloud machine behind the server's shared KV-cache budget. The machine alone
+    knows when its request is admitted (`cache_tokens`); right then, before the model work that
+    event asked for leaves, `reserve(tokens)` takes the session's bytes or raises LIMIT, which
+    ends the session as the machine's own errors do. `reserved`: bytes to give back at the end."""
+
+    side = "cloud"
+
+    def __init__(self, machine: CloudEndpoint, reserve: Callable[[int], int]) -> None:
+        self.machine, self.reserve = machine, reserve
+        self.reserved = 0
+        self._asked = False
+
+    def handle(self, event: Event) -> list[Action]:
+        actions = self.machine.handle(event)
+        tokens = self.machine.cache_tokens
+        if tokens is None or self._asked or self.machine.done:
+            return actions
+        self._asked = True
+        try:
+            self.reserved = self.reserve(tokens)
+        except ProtocolError as exc:
+            return self.machine.fail(exc)  # the actions (the prefill) never run
+        return actions
+
+
+def format_bytes(count: int) -> str:
+    """`count` bytes, exact and in binary units: "536870912 bytes (512 MiB)"."""
+    size, unit = float(count), "bytes"
+    for bigger in ("KiB", "MiB", "GiB", "TiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, bigger
+    return f"{count} bytes" if unit == "bytes" else f"{count} bytes ({size:.3g} {unit})"
+
+
+OUTCOME_CHARS = 300  # of a session's outcome kept in its record and its log line
+
+
+def clip(text: str, limit: int = OUTCOME_CHARS) -> str:
+    """`text`, cut to `limit` characters: a record must not keep what an edge made long."""
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def build_target_info(target_lm: Any, draft_tokenizers: Sequence[Any] = ()) -> TargetInfo:
@@ -128,7 +206,10 @@ def server_tls(cert: str | Path, key: str | Path) -> ssl.SSLContext:
 
 
 class CloudServer(TcpService):
-    """Serves `target_lm` on (host, port). Use as `async with`, or `start()` / `stop()`."""
+    """Serves `target_lm` on (host, port). Use as `async with`, or `start()` / `stop()`.
+
+    `max_batch_tokens` and `prefill_chunk` (0: a prompt's prefill in one pass) go to the model
+    thread (`ModelBatcher`)."""
 
     kind = "server"
 
@@ -144,6 +225,7 @@ class CloudServer(TcpService):
         limits: ServerLimits | None = None,
         on_close: Callable[[SessionRecord], None] | None = None,
         max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         metrics: ServerMetrics | None = None,
     ) -> None:
         super().__init__()
@@ -158,19 +240,40 @@ class CloudServer(TcpService):
         self.metrics = metrics or ServerMetrics()
         self.metrics.track_sessions(lambda: self._admitted)
         # every session's jobs on one model thread, batched across sessions (0: one by one)
+        sessions = self.limits.max_sessions + self.limits.max_held_sessions
         self._model = ModelBatcher(
-            max_batch_tokens, waiters=2 * self.limits.max_sessions + 2, observer=self.metrics
+            max_batch_tokens,
+            prefill_chunk=prefill_chunk,
+            waiters=2 * sessions + 2,
+            observer=self.metrics,
         )
         self._admitted = 0
         self._count = 0
         self._resumable: dict[str, CloudStream] = {}  # open resumable sessions, by id
+        self._pending: dict[int, PendingHandshake] = {}  # by record id, oldest first
+        self._kv_reserved = 0  # bytes the open sessions' KV-cache estimates hold of the budget
         self._stopping = False
 
     # ------------------------------------------------------------------ lifecycle
     @property
     def active(self) -> int:
-        """Sessions admitted and not yet over."""
+        """Sessions admitted and not yet over (those held for a dropped edge included)."""
         return self._admitted
+
+    @property
+    def held(self) -> int:
+        """Resumable sessions whose edge dropped and may come back."""
+        return sum(channel.detached for channel in self._resumable.values())
+
+    @property
+    def pending(self) -> int:
+        """Connections that have not shaken hands yet."""
+        return len(self._pending)
+
+    @property
+    def kv_reserved(self) -> int:
+        """Bytes of `max_kv_bytes` the open sessions' KV-cache estimates hold."""
+        return self._kv_reserved
 
     async def start(self) -> None:
         tls: dict[str, Any] = {}
@@ -200,31 +303,27 @@ class CloudServer(TcpService):
         began, cpu = loop.time(), time.thread_time()
         admitted = False
         try:
-            if self._admitted >= self.limits.max_sessions + self._waiting:
+            head = await self._handshake(record, stream)
+            if isinstance(head, wire.Resume) and head.session in self._resumable:
+                await self._attach(record, stream, head)  # back to its session: no new slot
+                return
+            live = self._admitted - self.held
+            if live >= self.limits.max_sessions:
                 raise Refusal(
                     ErrorCode.BUSY,
-                    f"the server is busy ({self._admitted} sessions, its limit); try again later",
+                    f"the server is busy ({live} sessions, its limit); try again later",
                 )
             self._admitted += 1
             admitted = True
-            first = await self._admit(stream)
-            head = first[0] if first else await receive(stream, self.limits.handshake_timeout_s)
-            if isinstance(head, wire.Resume) and head.session in self._resumable:
-                self._admitted -= 1
-                admitted = False
-                await self._attach(record, stream, head)
-                return
-            if self._admitted > self.limits.max_sessions:
-                raise Refusal(ErrorCode.BUSY, "the server is busy; try again later")
             record.finished_with(await self._session(record, stream, head))
         except Refusal as refusal:
-            record.outcome = f"refused: {refusal}"
+            record.outcome = clip(f"refused: {refusal}")
             await self._tell(stream, refusal.code, str(refusal))
             await self._linger(stream)
         except PeerGone as gone:
-            record.outcome = f"edge gone: {gone}"
+            record.outcome = clip(f"edge gone: {gone}")
         except SendStalled as stalled:
-            record.outcome = f"edge stalled: {stalled}"
+            record.outcome = clip(f"edge stalled: {stalled}")
             stream.writer.transport.abort()
         except asyncio.CancelledError:
             if not self._stopping:
@@ -233,7 +332,7 @@ class CloudServer(TcpService):
             await self._tell(stream, ErrorCode.SHUTDOWN, "the server is shutting down")
         except Exception as exc:
             log.exception("session %d failed", record.id)
-            record.outcome = f"internal error: {type(exc).__name__}: {exc}"
+            record.outcome = clip(f"internal error: {type(exc).__name__}: {exc}")
             await self._tell(stream, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
         finally:
             self._admitted -= admitted
@@ -244,11 +343,34 @@ class CloudServer(TcpService):
             record.peak_write_buffer = stream.sent.peak_buffered_bytes
             self._close(record, stream)
 
-    async def _admit(self, stream: MessageStream) -> tuple[wire.Message, ...]:
-        """Check the bearer token before anything else; the messages to hand on."""
-        first = await receive(stream, self.limits.handshake_timeout_s)
-        if self.token is None:
-            return () if isinstance(first, wire.Auth) else (first,)
+    async def _handshake(self, record: SessionRecord, stream: MessageStream) -> wire.Message:
+        """The connection's first protocol frame, after the bearer token if the server wants
+        one, all within `handshake_timeout_s`. Meanwhile it holds no session slot, only a
+        place among the pending handshakes (`_pend`), which a newer one may take over."""
+        peer = stream.writer.get_extra_info("peername")
+        pending = self._pend(record.id, str(peer[0]) if peer else "?")
+        timeout = self.limits.handshake_timeout_s
+        try:
+            async with asyncio.timeout(timeout) as deadline:
+                pending.deadline = deadline
+                first = await receive(stream)
+                if self.token is not None:
+                    self._check_token(first)
+                if isinstance(first, wire.Auth):
+                    first = await receive(stream)
+                return first
+        except TimeoutError:
+            if pending.dropped:
+                raise Refusal(
+                    ErrorCode.BUSY,
+                    "too many connections are shaking hands with this server; try again later",
+                ) from None
+            raise Refusal(ErrorCode.LIMIT, f"no handshake within {timeout:g} s") from None
+        finally:
+            self._pending.pop(pending.key, None)
+
+    def _check_token(self, first: wire.Message) -> None:
+        assert self.token is not None
         if not isinstance(first, wire.Auth):
             raise Refusal(
                 ErrorCode.UNAUTHORIZED,
@@ -256,12 +378,35 @@ class CloudServer(TcpService):
             )
         if not hmac.compare_digest(first.token.encode(), self.token.encode()):
             raise Refusal(ErrorCode.UNAUTHORIZED, "wrong bearer token")
-        return ()
 
-    @property
-    def _waiting(self) -> int:
-        """Resumable sessions whose edge dropped and may come back."""
-        return sum(channel.detached for channel in self._resumable.values())
+    def _pend(self, key: int, host: str) -> PendingHandshake:
+        """Count a new connection among the pending handshakes. Past `max_pending_per_peer`
+        from its address, that address's oldest one that has waited `pending_evict_after_s` is
+        dropped (fresh ones stay: a burst of edges behind one NAT or proxy is no attack); past
+        `max_pending_handshakes` in all, the oldest such one anywhere is, and when none has
+        waited that long the newcomer is refused."""
+        limits, now = self.limits, asyncio.get_running_loop().time()
+        mine = [p for p in self._pending.values() if p.host == host]
+        if len(mine) >= limits.max_pending_per_peer:
+            self._drop_oldest(mine, now)
+        crowded = len(self._pending) >= limits.max_pending_handshakes
+        if crowded and not self._drop_oldest(self._pending.values(), now):
+            raise Refusal(
+                ErrorCode.BUSY,
+                "too many connections are shaking hands with this server; try again later",
+            )
+        pending = PendingHandshake(key, host, now)
+        self._pending[key] = pending
+        return pending
+
+    def _drop_oldest(self, candidates: Iterable[PendingHandshake], now: float) -> bool:
+        """Drop the oldest of `candidates` (oldest first) that has waited long enough."""
+        for pending in candidates:
+            if now - pending.since >= self.limits.pending_evict_after_s:
+                del self._pending[pending.key]
+                pending.drop()
+                return True
+        return False
 
     async def _session(
         self, record: SessionRecord, stream: MessageStream, head: wire.Message
@@ -278,7 +423,10 @@ class CloudServer(TcpService):
                 f"no session {head.session[:12]} here (its grace period passed, or it ended)",
             )
         channel = CloudStream(
-            stream, grace_s=self.limits.resume_grace_s, keep=self.limits.replay_messages
+            stream,
+            grace_s=self.limits.resume_grace_s,
+            keep=self.limits.replay_messages,
+            on_detach=self._hold,
         )
         self._resumable[head.session] = channel
         record.resumable = head.session[:12]
@@ -292,6 +440,18 @@ class CloudServer(TcpService):
             channel.close()
             if channel.current is not stream:
                 channel.current.writer.close()
+
+    def _hold(self, channel: CloudStream) -> None:
+        """A resumable session's edge dropped without `Close`: hold at most
+        `max_held_sessions` such sessions for their edges, dropping the longest held first, so
+        that edges which vanished cannot keep new ones out for a whole grace period."""
+        held = sorted(
+            (c for c in self._resumable.values() if c.waiting),
+            key=lambda c: c.detached_since or 0.0,
+        )
+        cap = self.limits.max_held_sessions
+        for old in held[: max(0, len(held) - cap)]:
+            old.drop(f"the server holds at most {cap} sessions for edges that dropped")
 
     def _continuing(self, prefix: tuple[int, ...]) -> TargetInfo:
         """The target as a session that continues after `prefix` sees it: every prompt is
@@ -314,7 +474,7 @@ class CloudServer(TcpService):
         except SessionLost as lost:
             raise Refusal(ErrorCode.LIMIT, str(lost)) from None
         await channel.released()
-        record.outcome = f"resumed at {resume.committed} committed tokens"
+        record.outcome = f"resumed: at {resume.committed} committed tokens"
 
     async def _run(
         self,
@@ -325,25 +485,55 @@ class CloudServer(TcpService):
     ) -> DriveResult:
         limits = self.limits
         session = self.target.new_session()
-        return await drive(
-            make_cloud(info),
-            stream,  # type: ignore[arg-type]  # a CloudStream reads and writes like one
-            self._model.runner(session),
-            self._model,
-            limits=DriverLimits(
-                idle_timeout_s=limits.idle_timeout_s,
-                deadline_s=limits.request_timeout_s,
-                write_timeout_s=limits.write_timeout_s,
-                max_unanswered=limits.max_unanswered,
-            ),
-            first=first,
-            inspect=functools.partial(self._inspect, record),
+        machine = KvReserving(make_cloud(info), functools.partial(self._reserve_kv, info))
+        try:
+            return await drive(
+                machine,
+                stream,  # type: ignore[arg-type]  # a CloudStream reads and writes like one
+                self._model.runner(session),
+                self._model,
+                limits=DriverLimits(
+                    idle_timeout_s=limits.idle_timeout_s,
+                    deadline_s=limits.request_timeout_s,
+                    write_timeout_s=limits.write_timeout_s,
+                    max_unanswered=limits.max_unanswered,
+                ),
+                first=first,
+                inspect=functools.partial(self._inspect, record),
+            )
+        finally:
+            self._kv_reserved -= machine.reserved
+
+    def _reserve_kv(self, info: TargetInfo, tokens: int) -> int:
+        """Take a session's KV-cache estimate (`tokens` cached at most) out of `max_kv_bytes`;
+        returns the bytes taken (0 without a budget or an estimate). LIMIT when they do not fit
+        beside what the open sessions hold."""
+        budget, per_token = self.limits.max_kv_bytes, info.kv_bytes_per_token
+        if budget is None or per_token is None:
+            return 0
+        need, held = tokens * per_token, self._kv_reserved
+        estimate = (
+            f"this session's KV cache needs about {format_bytes(need)} "
+            f"({tokens} tokens of {per_token} bytes)"
         )
+        if need > budget:
+            raise ProtocolError(
+                f"{estimate}, over this server's KV-cache budget of {format_bytes(budget)}",
+                ErrorCode.LIMIT,
+            )
+        if held + need > budget:
+            raise ProtocolError(
+                f"{estimate}, but open sessions hold {format_bytes(held)} of this server's "
+                f"KV-cache budget of {format_bytes(budget)}; try again later",
+                ErrorCode.LIMIT,
+            )
+        self._kv_reserved += need
+        return need
 
     def _inspect(self, record: SessionRecord, msg: wire.Message) -> None:
         """The server's own rules on what an edge asks for, before the machine sees it."""
         if isinstance(msg, wire.Hello):
-            record.method = msg.method
+            record.method = method_label(msg.method)
         if isinstance(msg, wire.StartRequest):
             asked = msg.settings.get("max_new_tokens", GenerationSettings.max_new_tokens)
             cap = self.limits.max_new_tokens

@@ -1,5 +1,5 @@
 """Rates and durations written the way `tc` writes them: `1mbit`, `10mbit/s`, `50ms`, `250us`;
-and network addresses as `HOST:PORT`.
+memory sizes (`2GiB`, `512M`); and network addresses as `HOST:PORT`.
 
 Rates use SI prefixes (1 kbit = 1000 bits), like `tc`. Byte-based spellings (`mbps`, `mb`) are
 refused rather than guessed: `tc` reads `mbps` as megaBYTES per second while most people mean
@@ -17,6 +17,10 @@ _NUMBER = r"(?P<num>[0-9]*\.?[0-9]+(?:e[+-]?[0-9]+)?)"
 _RATE = re.compile(rf"{_NUMBER}\s*(?:(?P<prefix>[kmg]?)bit(?:/s)?)?", re.IGNORECASE)
 _TIME = re.compile(rf"{_NUMBER}\s*(?P<unit>s|ms|us)?", re.IGNORECASE)
 _UNLIMITED = {"inf", "unlimited", "none"}
+_SIZE_UNIT = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_SIZE_UNIT |= {f"{p}b": _SIZE_UNIT[p] for p in "kmgt"}
+_SIZE_UNIT |= {f"{p}ib": 1 << (10 * (i + 1)) for i, p in enumerate("kmgt")}
+_SIZE = re.compile(rf"{_NUMBER}\s*(?P<unit>[a-z]*)", re.IGNORECASE)
 
 
 def parse_rate(text: str) -> float:
@@ -42,6 +46,22 @@ def parse_duration(text: str) -> float:
     if match is None:
         raise ValueError(f"bad duration {text!r}: write a number with s, ms or us, e.g. 50ms")
     return float(match["num"]) * _TIME_UNIT[(match["unit"] or "").lower()]
+
+
+def parse_size(text: str) -> int:
+    """Bytes from `2GiB`, `512MiB`, `1.5G`, `800K` or a bare number of bytes: K, M, G, T (and
+    KB, MB…) are powers of 1000, KiB, MiB, GiB, TiB powers of 1024."""
+    match = _SIZE.fullmatch(text.strip())
+    unit = _SIZE_UNIT.get((match["unit"] if match else "").lower())
+    if match is None or unit is None:
+        raise ValueError(
+            f"bad size {text!r}: write a number of bytes, optionally with K, M, G, KiB, MiB or "
+            "GiB, e.g. 2GiB"
+        )
+    value = round(float(match["num"]) * unit)
+    if value <= 0:
+        raise ValueError(f"a size must be > 0, got {text!r}")
+    return value
 
 
 def parse_address(text: str) -> tuple[str, int]:

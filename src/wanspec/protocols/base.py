@@ -8,9 +8,11 @@ and every state change happen inside `handle()`, so a machine's output for a see
 on the driver's timing or threads.
 
 Error policy (one for every machine): whatever the PEER got wrong (a message it should not have
-sent in this state, a malformed reply) becomes a `ProtocolError`, which `handle()` turns into an
-`Error` message to the peer and a `Finish("error: …")` here; an `Error` from the peer finishes
-this side too. Anything else that goes wrong is a local bug and raises out of `handle()`.
+sent in this state, a malformed reply, a request past a limit) becomes a `ProtocolError`, at
+whichever event it comes to light, which `handle()` turns into an `Error` message to the peer and
+a `Finish("error: …")` here; an `Error` from the peer finishes this side too. Anything else that
+goes wrong is a local bug and raises out of `handle()`. A message is checked when it arrives, so
+a peer's mistake is found (and blamed) before any model work is spent on it.
 """
 
 from __future__ import annotations
@@ -49,6 +51,19 @@ class ProtocolError(RuntimeError):
     def __init__(self, message: str, code: ErrorCode = ErrorCode.PROTOCOL) -> None:
         super().__init__(message)
         self.code = code
+
+
+ECHO_CHARS = 80  # the most of a peer-chosen value an error message shows
+
+
+def shown(value: object, limit: int = ECHO_CHARS) -> str:
+    """A value the peer chose, as an error message shows it: its repr, cut to `limit` characters
+    with an ellipsis, so an error never echoes (or logs) a peer's megabyte back."""
+    try:
+        text = repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        text = f"<{type(value).__name__} too large to show>"
+    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def request_rng(seed: int, side: Side) -> np.random.Generator:
@@ -148,6 +163,9 @@ class Machine:
     def __init__(self, state: Any) -> None:
         self.state = state
         self.counters: dict[str, int] = {}
+        # the most tokens this side's model session will hold, once its request is admitted
+        # (a cloud machine; None before): what a server budgets its memory by
+        self.cache_tokens: int | None = None
         self._jobs: dict[int, str] = {}
         self._next_job = 0
 
@@ -184,6 +202,12 @@ class Machine:
     def handle(self, event: Event) -> list[Action]:
         if self.done:
             return []
+        try:
+            return self._dispatch(event)
+        except ProtocolError as exc:  # the peer's fault, whichever event brought it to light
+            return self.fail(exc)
+
+    def _dispatch(self, event: Event) -> list[Action]:
         if isinstance(event, ComputeDone):
             purpose = self._jobs.pop(event.job_id, None)
             if purpose is None:  # cancelled, or a driver bug
@@ -193,11 +217,8 @@ class Machine:
             msg = event.msg
             if isinstance(msg, wire.Error):
                 return self.finish(f"error: peer says {msg.message}")
-            try:
-                self.expect(msg)
-                return self.on_message(msg)
-            except ProtocolError as exc:
-                return self.fail(exc)
+            self.expect(msg)
+            return self.on_message(msg)
         if isinstance(event, Start):
             return self.on_start()
         raise TypeError(f"unknown event {event!r}")

@@ -25,6 +25,7 @@ from wanspec.protocols.base import (
     ProtocolError,
     Send,
     Start,
+    shown,
 )
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.protocols.stopping import StopChecker
@@ -53,6 +54,11 @@ class TargetInfo:
 
     `alignments` maps a draft tokenizer's fingerprint to its alignment with the target, for the
     drafts this cloud can verify; methods that need no draft (AR, split) run for any edge.
+    `context_length` is the positions the target attends over (None: unknown, e.g. a synthetic
+    model), `max_prompt_tokens` this cloud's own cap on a prompt (None: only the context's),
+    `hidden_size` the width of the activations split inference sends (None: unknown) and
+    `kv_bytes_per_token` what one cached token costs a session (`registry.kv_bytes_per_token`;
+    None: unknown).
     """
 
     name: str
@@ -63,6 +69,34 @@ class TargetInfo:
     encode: Callable[[str], list[int]]
     alignments: Mapping[str, VocabAlignment] = field(default_factory=dict)
     accepts_activations: bool = False
+    context_length: int | None = None
+    max_prompt_tokens: int | None = None
+    hidden_size: int | None = None
+    kv_bytes_per_token: int | None = None
+
+    def admit(self, prompt_tokens: int, max_new_tokens: int) -> int:
+        """Refuse a request this target cannot serve whole, before any model work on it: an
+        empty prompt, one over this cloud's cap, or one that leaves no room in the context for
+        the tokens it asks for. Returns the most tokens the session's cache will hold."""
+        if prompt_tokens < 1:
+            raise ProtocolError(
+                "the prompt is empty: the target needs at least one token to condition on",
+                ErrorCode.BAD_SETTINGS,
+            )
+        cap = self.max_prompt_tokens
+        if cap is not None and prompt_tokens > cap:
+            raise ProtocolError(
+                f"the prompt is {prompt_tokens} tokens, over this server's limit of {cap}",
+                ErrorCode.LIMIT,
+            )
+        context = self.context_length
+        if context is not None and prompt_tokens + max_new_tokens > context:
+            raise ProtocolError(
+                f"the prompt's {prompt_tokens} tokens plus max_new_tokens={max_new_tokens} exceed "
+                f"the target's context of {context} tokens",
+                ErrorCode.LIMIT,
+            )
+        return prompt_tokens + max_new_tokens
 
 
 # ============================================================================ the edge side
@@ -133,9 +167,13 @@ class EdgeMachine(Machine):
         if fp.target_model and ack.target_model != fp.target_model:
             raise ProtocolError("the cloud runs a different target model", ErrorCode.MISMATCH)
         eos = () if self.settings.ignore_eos else ack.info.get("eos_token_ids", ())
+        if not isinstance(eos, list | tuple) or not all(
+            isinstance(t, int) and not isinstance(t, bool) for t in eos
+        ):
+            raise ProtocolError(f"the cloud's eos_token_ids={shown(eos)} are not a list of ids")
         self.stopper = StopChecker(
             max_new_tokens=self.settings.max_new_tokens,
-            eos_ids=tuple(int(t) for t in eos),
+            eos_ids=tuple(eos),
             stop=self.settings.stop,
             decode=self.decode,
             tokenizer=self.target_tokenizer,
@@ -188,11 +226,12 @@ class CloudEndpoint(Machine):
         self.inner: Machine | None = None
 
     def handle(self, event: Any) -> list[Action]:
-        if self.inner is None:
-            return super().handle(event)
-        actions = self.inner.handle(event)
-        if self.inner.done:
-            self.state = CloudState.DONE
+        inner = self.inner
+        actions = super().handle(event) if inner is None else inner.handle(event)
+        if self.inner is not None:
+            self.cache_tokens = self.inner.cache_tokens  # known once the request is admitted
+            if self.inner.done:  # it may have ended as it started
+                self.state = CloudState.DONE
         return actions
 
     def on_message(self, msg: Any) -> list[Action]:

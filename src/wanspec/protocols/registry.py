@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wanspec.protocols import schemes as spec
-from wanspec.protocols.base import Machine
+from wanspec.protocols.base import Machine, shown
 from wanspec.protocols.budget import BranchPlanner
 from wanspec.protocols.endpoints import (
     CloudEndpoint,
@@ -103,7 +103,8 @@ METHODS: dict[str, MethodInfo] = {
         MethodInfo(
             "xcosd-e",
             True,
-            "X-CoSD-E: SR-DV, K candidates × M rounds, then HR",
+            "X-CoSD-E: SR-DV, K candidates × M rounds; then the edge uploads p̃ of that position "
+            "and the cloud draws the residual of its float q",
             spec.ServerResampleDeviceVerify,
             aliases=("srdv",),
             source="X-CoSD",
@@ -154,7 +155,8 @@ METHODS: dict[str, MethodInfo] = {
             "acespec-x",
             True,
             "AceSpec's pipeline on a heterogeneous pair: TLI drafting, the rejected position "
-            "resolved by SR-DV (HR fallback), so the lookup needs no extra round trip",
+            "resolved by SR-DV (after M rounds, the residual drawn on the cloud from the uploaded "
+            "p̃), so the lookup needs no extra round trip",
             spec.ServerResampleDeviceVerify,
             source="wanspec (in neither paper)",
             family="pipeline",
@@ -169,7 +171,7 @@ def get_method(name: str) -> MethodInfo:
     key = _ALIASES.get(name, name)
     if key not in METHODS:
         known = ", ".join(sorted([*METHODS, *_ALIASES]))
-        raise ValueError(f"unknown method {name!r}; known methods: {known}")
+        raise ValueError(f"unknown method {shown(name)}; known methods: {known}")
     return METHODS[key]
 
 
@@ -294,13 +296,17 @@ def target_info(
     encode: Callable[[str], list[int]],
     alignments: tuple[VocabAlignment, ...] = (),
 ) -> TargetInfo:
-    """What a cloud serving `target_lm` knows, able to verify drafts of the given alignments."""
+    """What a cloud serving `target_lm` knows, able to verify drafts of the given alignments.
+    The context length, hidden size and KV-cache bytes per token come from the model's config
+    when it has one."""
     if alignments:
         table = alignments[0].target
     else:
         from wanspec.vocab import TokenTable
 
         table = TokenTable(target_lm.tokenizer)
+    config = getattr(target_lm, "config", None)
+    accepts_activations = hasattr(target_lm, "extend_embeddings")
     return TargetInfo(
         name=getattr(target_lm, "name", "target"),
         model_fingerprint=short_fingerprint(target_lm.fingerprint),
@@ -309,8 +315,36 @@ def target_info(
         eos_token_ids=tuple(target_lm.eos_token_ids),
         encode=encode,
         alignments={table_fingerprint(a.draft): a for a in alignments},
-        accepts_activations=hasattr(target_lm, "extend_embeddings"),
+        accepts_activations=accepts_activations,
+        context_length=_config_size(config, "max_position_embeddings"),
+        hidden_size=_config_size(config, "hidden_size") if accepts_activations else None,
+        kv_bytes_per_token=kv_bytes_per_token(config, getattr(target_lm, "dtype", None)),
     )
+
+
+def kv_bytes_per_token(config: Any, dtype: Any) -> int | None:
+    """The KV cache's bytes per cached token of a model with this config loaded in `dtype`
+    (a torch dtype): 2 (keys and values) × layers × KV heads × head size × bytes per element.
+    Every layer keeps every key here (`HFLanguageModel` evicts no sliding window), so a session
+    of n tokens holds n times this. None when the config does not say (a synthetic model)."""
+    element = getattr(dtype, "itemsize", None)
+    if config is None or not isinstance(element, int):
+        return None
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    layers = _config_size(text, "num_hidden_layers")
+    heads = _config_size(text, "num_attention_heads")
+    kv_heads = _config_size(text, "num_key_value_heads") or heads
+    hidden = _config_size(text, "hidden_size")
+    head_dim = _config_size(text, "head_dim") or (hidden // heads if hidden and heads else None)
+    if not (layers and kv_heads and head_dim):
+        return None
+    return 2 * layers * kv_heads * head_dim * element
+
+
+def _config_size(config: Any, name: str) -> int | None:
+    """A positive size from a model config (None when it has none)."""
+    value = getattr(config, name, None)
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def build_machines(

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from wanspec import wire
-from wanspec.protocols.base import Action, ProtocolError, Send
+from wanspec.protocols.base import Action, ErrorCode, ProtocolError, Send
 from wanspec.sampling import (
     HybridPayload,
     Rounded,
@@ -59,6 +59,9 @@ def resample_with_draft(rej: Rejection, msg: Any, rng: np.random.Generator) -> i
     uploaded for the rejected position (SD's answer, SR-DV's fallback)."""
     if not isinstance(msg, wire.DraftWithDists) or msg.dist_positions != (0,):
         raise ProtocolError("expected the draft distribution of the rejected position")
+    width = len(rej.target)
+    if msg.dists[0].width != width:
+        raise ProtocolError(f"the draft distribution is over {msg.dists[0].width} ids, not {width}")
     return sample_residual(rej.target, dist_probs(msg.dists[0]), rng)
 
 
@@ -265,14 +268,30 @@ class ServerResampleDeviceVerify(Scheme):
 
     def cloud_reply(self, cloud: SpecCloud, rej: Rejection) -> wire.Message:
         candidates, pieces = self._candidates(cloud, rej)
+        rej.candidate_rounds = 1
         return wire.VerifyResult(rej.index, rej.position, candidates=candidates, pieces=pieces)
 
     def cloud_on_request(self, cloud: SpecCloud, rej: Rejection, msg: Any) -> wire.Message:
         if isinstance(msg, wire.CandidatesRequest):
+            self._check_request(cloud, rej, msg)
+            rej.candidate_rounds += 1
             candidates, pieces = self._candidates(cloud, rej)
             return wire.Candidates(rej.index, candidates, pieces)
         token = resample_with_draft(rej, msg, cloud.rng)
         return wire.VerifyResult(rej.index, rej.position, token=token)
+
+    @staticmethod
+    def _check_request(cloud: SpecCloud, rej: Rejection, msg: wire.CandidatesRequest) -> None:
+        """The edge asks for the request's K candidates, and for at most M sets in all."""
+        k, m = cloud.settings.srdv_k, cloud.settings.srdv_m
+        if msg.k != k:
+            raise ProtocolError(f"{msg.k} candidates asked for, but the request's srdv_k is {k}")
+        if rej.candidate_rounds >= m:
+            raise ProtocolError(
+                f"candidate set {rej.candidate_rounds + 1} asked for round {rej.index}, but the "
+                f"request's srdv_m is {m}",
+                ErrorCode.LIMIT,
+            )
 
     def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> list[Action]:
         if isinstance(msg, wire.VerifyResult) and msg.candidates is None:
@@ -281,6 +300,9 @@ class ServerResampleDeviceVerify(Scheme):
             rnd.rejected_at = msg.accepted
         rnd.candidate_rounds += 1
         edge.count("srdv_candidate_rounds")
+        width = edge.alignment.target_width
+        if not msg.candidates or any(not 0 <= y < width for y, _ in msg.candidates):
+            raise ProtocolError(f"SR-DV needs candidates within the target vocabulary [0, {width})")
         ids, probs = zip(*msg.candidates, strict=True)
         draft = edge.draft_probs(rnd, rnd.rejected_at)
         token = srdv_edge_verify(ids, probs, draft, edge.rng)

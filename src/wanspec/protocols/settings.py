@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from wanspec.protocols.base import shown
 from wanspec.sampling import Q_BITS, SamplingParams
 from wanspec.wire import DEFAULT_LIMITS, WireError
 from wanspec.wire.validate import check_settings
@@ -21,6 +22,9 @@ from wanspec.wire.validate import check_settings
 MAX_GAMMA = min(DEFAULT_LIMITS.max_dists, DEFAULT_LIMITS.max_tokens - 1)
 # SR-DV asks for K candidates in one CandidatesRequest / Candidates message.
 MAX_SRDV_K = DEFAULT_LIMITS.max_candidates
+# Candidate sets per rejection before the exact fallback: each costs the cloud K draws over the
+# whole vocabulary, and past a few sets the exact fallback is cheaper anyway.
+MAX_SRDV_M = 64
 # Tokens travel in rounds, so the wire sets no hard cap on a whole generation; this one only
 # catches typos: 2^20 tokens is beyond the context of every supported model.
 MAX_NEW_TOKENS = 1 << 20
@@ -28,6 +32,8 @@ MAX_NEW_TOKENS = 1 << 20
 MAX_TREE_TIPS = 1024
 # Seeds travel as JSON integers and seed numpy; keep them within an int64 like every counter.
 MAX_SEED = (1 << 63) - 1
+# Stop strings a request may carry (an OpenAI request carries at most 4; the edge service's cap).
+MAX_STOP_STRINGS = 16
 
 
 def _is_int(value: object) -> bool:
@@ -40,9 +46,13 @@ def _int_in(low: int, high: int) -> Callable[[object], bool]:
 
 def _real_in(low: float, high: float, *, open_low: bool = False) -> Callable[[object], bool]:
     def check(v: object) -> bool:
-        if not (_is_int(v) or isinstance(v, float)) or not math.isfinite(v):
+        if not (_is_int(v) or isinstance(v, float)):
             return False
-        return (low < v if open_low else low <= v) and v <= high
+        try:
+            x = float(v)  # type: ignore[arg-type]
+        except OverflowError:  # an int beyond every float
+            return False
+        return math.isfinite(x) and (low < x if open_low else low <= x) and x <= high
 
     return check
 
@@ -51,8 +61,17 @@ def _is_bool(value: object) -> bool:
     return isinstance(value, bool)
 
 
-# name -> (test, the rule in words); sampling settings are checked by SamplingParams.
+# name -> (test, the rule in words). The sampling settings are SamplingParams' rules, checked
+# here first so that a bad value is named and shown like any other (SamplingParams checks again).
 _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
+    "temperature": (_real_in(0.0, math.inf), "a finite number >= 0"),
+    "top_k": (_int_in(0, MAX_SEED), "an integer in [0, 2^63 - 1] (0 = off)"),
+    "top_p": (_real_in(0.0, 1.0, open_low=True), "a number in (0, 1]"),
+    "min_p": (_real_in(0.0, 1.0), "a number in [0, 1] (0 = off)"),
+    "repetition_penalty": (
+        _real_in(0.0, math.inf, open_low=True),
+        "a finite number > 0 (1.0 = off)",
+    ),
     "max_new_tokens": (_int_in(1, MAX_NEW_TOKENS), f"an integer in [1, {MAX_NEW_TOKENS}]"),
     "seed": (_int_in(0, MAX_SEED), "an integer in [0, 2^63 - 1]"),
     "gamma": (_int_in(1, MAX_GAMMA), f"an integer in [1, {MAX_GAMMA}] (the wire's draft limit)"),
@@ -60,7 +79,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
         _int_in(1, MAX_SRDV_K),
         f"an integer in [1, {MAX_SRDV_K}] (the wire's candidate limit)",
     ),
-    "srdv_m": (_int_in(1, 1 << 16), "an integer in [1, 65536]"),
+    "srdv_m": (_int_in(1, MAX_SRDV_M), f"an integer in [1, {MAX_SRDV_M}]"),
     "tr_k": (_int_in(1, DEFAULT_LIMITS.max_width), "an integer >= 1"),
     "uhlm_samples": (_int_in(1, 1 << 16), "an integer in [1, 65536]"),
     "uhlm_eta_max": (_real_in(0.0, math.inf, open_low=True), "a finite number > 0"),
@@ -90,7 +109,7 @@ class GenerationSettings:
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
     srdv_k: int = 4  # X-CoSD-E: candidates per round
-    srdv_m: int = 2  # X-CoSD-E: candidate rounds before the HR fallback
+    srdv_m: int = 2  # X-CoSD-E: candidate rounds before the fallback on the cloud
     hr_piggyback: bool = True  # X-CoSD: pre-drawn O-sample rides on the reply
     # Precision of a target distribution the cloud must ship (Naive, CoSD, HR, TR, PicoSpec,
     # AceSpec): 16 is the papers' setting; 32 keeps TV(q, q̂) below 1e-5 per token at T = 1
@@ -107,24 +126,28 @@ class GenerationSettings:
     tree_fixed: bool = False  # AceSpec: always use tree_budget, ignoring the network window
 
     def __post_init__(self) -> None:
-        if isinstance(self.stop, str):
-            raise ValueError(f"invalid setting stop={self.stop!r}: must be a list of strings")
+        if not isinstance(self.stop, list | tuple):
+            raise ValueError(f"invalid setting stop={shown(self.stop)}: must be a list of strings")
         object.__setattr__(self, "stop", tuple(self.stop))
         for name, (ok, rule) in _RULES.items():
             value = getattr(self, name)
             if not ok(value):
-                raise ValueError(f"invalid setting {name}={value!r}: must be {rule}")
+                raise ValueError(f"invalid setting {name}={shown(value)}: must be {rule}")
         self.sampling  # noqa: B018 - validates temperature / top-k / top-p / min-p / penalty
         self._check_stop()
 
     def _check_stop(self) -> None:
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(
+                f"invalid setting stop: {len(self.stop)} strings, at most {MAX_STOP_STRINGS}"
+            )
         for s in self.stop:
             if not isinstance(s, str) or not s:
-                raise ValueError(f"invalid setting stop: {s!r} is not a non-empty string")
+                raise ValueError(f"invalid setting stop: {shown(s)} is not a non-empty string")
             try:
                 s.encode("utf-8")
             except UnicodeEncodeError as exc:
-                raise ValueError(f"invalid setting stop: {s!r} is not valid text") from exc
+                raise ValueError(f"invalid setting stop: {shown(s)} is not valid text") from exc
         try:
             check_settings(self.to_dict(), DEFAULT_LIMITS)
         except WireError as exc:
@@ -149,5 +172,5 @@ class GenerationSettings:
         known = {f.name for f in fields(cls)}
         unknown = set(data) - known
         if unknown:
-            raise ValueError(f"unknown settings: {sorted(unknown)}")
+            raise ValueError(f"unknown settings: {shown(sorted(unknown))}")
         return cls(**data)

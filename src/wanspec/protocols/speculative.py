@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     import torch
 
 from wanspec import wire
-from wanspec.protocols.base import Action, Machine, ProtocolError, Send, request_rng
+from wanspec.protocols.base import Action, ErrorCode, Machine, ProtocolError, Send, request_rng
 from wanspec.protocols.cache import CacheMirror
 from wanspec.protocols.endpoints import EdgeMachine, TargetInfo
 from wanspec.protocols.schemes import Scheme
@@ -69,6 +69,8 @@ class Rejection:
     target: np.ndarray  # the float q at the rejected position
     rounded: Rounded | None = None  # the q̂ decided with and shipped, for schemes that ship q
     draft: np.ndarray | None = None  # p̃ there, when the edge uploaded it (UL, U-HLM)
+    candidate_rounds: int = 0  # SR-DV: candidate sets sent for it so far
+    resolved: bool = False  # the cloud gave its token (or O-sample): nothing more may be asked
 
 
 # ============================================================================ the edge
@@ -209,6 +211,11 @@ class SpecEdge(EdgeMachine):
                     raise ProtocolError("all tokens accepted but no bonus token")
                 return self.finish_round(rnd, msg.accepted, msg.token, decided_by_edge=False)
             rnd.rejected_at = msg.accepted
+        elif isinstance(msg, wire.VerifyResult) and msg.accepted != rnd.rejected_at:
+            raise ProtocolError(
+                f"a follow-up verdict at position {msg.accepted}, but position {rnd.rejected_at} "
+                "was rejected"
+            )
         self.state = EdgeState.RESOLVING
         try:
             return self.scheme.edge_on_reject(self, rnd, msg)
@@ -258,7 +265,11 @@ _DRAFTS = (wire.Draft, wire.DraftWithDists)
 
 class SpecCloud(Machine):
     """Prefill on request, verify each draft against the committed output in one pass, answer
-    per scheme. A draft that does not extend the committed output is stale: dropped, counted."""
+    per scheme. A draft that does not extend the committed output is stale: dropped, counted.
+
+    A draft is checked when it arrives, queued or not, so a malformed one ends the session at
+    once with an error naming its round; what depends on the output so far (staleness, the
+    request's length) is checked when its turn comes, after the verdict before it went out."""
 
     side = "cloud"
     EXPECTS = {  # noqa: RUF012
@@ -284,6 +295,7 @@ class SpecCloud(Machine):
         self.common = alignment.in_common
         self.valid = target.vocab.target_valid
         self.prompt_ids = target.encode(prompt)
+        self.cache_tokens = target.admit(len(self.prompt_ids), settings.max_new_tokens)
         self.output: list[int] = []
         self.cache = CacheMirror()
         self.inbox: list[Draft] = []
@@ -299,38 +311,83 @@ class SpecCloud(Machine):
             return self.finish("closed by edge")
         rejection = self.rejection
         if rejection is not None and msg.round == rejection.index:
-            try:
-                return self._reply(self.scheme.cloud_on_request(self, rejection, msg))
-            except ValueError as exc:  # the request's numbers admit no valid draw
-                raise ProtocolError(f"bad request: {exc}") from exc
+            return self._follow_up(rejection, msg)
         if not isinstance(msg, _DRAFTS) or not msg.tokens:
             raise ProtocolError(f"unexpected {type(msg).__name__} for round {msg.round}")
+        self._check_draft(msg)
         self.inbox.append(msg)
         return self._next_draft()
 
+    def _follow_up(self, rejection: Rejection, msg: Any) -> list[Action]:
+        """Answer a request about the rejected position; once the cloud has given its token
+        (or an O-sample) the rejection is resolved and nothing more may be asked of it."""
+        if rejection.resolved:
+            raise ProtocolError(
+                f"{type(msg).__name__} for round {rejection.index}, whose rejected position is "
+                "already resolved"
+            )
+        try:
+            reply = self.scheme.cloud_on_request(self, rejection, msg)
+        except ValueError as exc:  # the request's numbers admit no valid draw
+            raise ProtocolError(f"bad request: {exc}") from exc
+        rejection.resolved = isinstance(reply, wire.OToken) or (
+            isinstance(reply, wire.VerifyResult) and reply.token is not None
+        )
+        return self._reply(reply)
+
     def _next_draft(self) -> list[Action]:
-        while self.inbox and self.state != CloudState.VERIFYING:
-            msg = self.inbox.pop(0)
-            if msg.base != len(self.output):
-                self.count("stale_drafts")
-                continue
-            self._check_draft(msg)
-            self.output.extend(msg.committed)
-            self.verifying = msg
-            self.state = CloudState.VERIFYING
-            rows = len(msg.tokens) + 1
-            job = self.cache.plan([*self.prompt_ids, *self.output, *msg.tokens], rows)
-            return [self.compute("verify", job)]
+        """Verify the next queued draft that extends the output, if none is being verified. A
+        peer error found here ends the session after whatever verdict came before it."""
+        try:
+            while self.inbox and self.state != CloudState.VERIFYING:
+                msg = self.inbox.pop(0)
+                if msg.base != len(self.output):
+                    self.count("stale_drafts")
+                    continue
+                self._check_room(msg)
+                self.output.extend(msg.committed)
+                self.verifying = msg
+                self.state = CloudState.VERIFYING
+                rows = len(msg.tokens) + 1
+                job = self.cache.plan([*self.prompt_ids, *self.output, *msg.tokens], rows)
+                return [self.compute("verify", job)]
+        except ProtocolError as exc:
+            return self.fail(exc)
         return []
 
     def _check_draft(self, msg: Draft) -> None:
+        """Refuse, on arrival, a draft this cloud could never verify."""
+        expected = wire.DraftWithDists if self.scheme.uploads_dists else wire.Draft
+        if not isinstance(msg, expected):
+            kind = f"{expected.__name__}, not {type(msg).__name__}"
+            raise _bad_draft(msg, f"this method's drafts travel as {kind}")
+        gamma = self.settings.gamma
+        if len(msg.tokens) > gamma:
+            reason = f"{len(msg.tokens)} tokens, but the request's gamma is {gamma}"
+            raise _bad_draft(msg, reason, ErrorCode.LIMIT)
         width = self.alignment.target_width
         if any(not 0 <= t < width for t in (*msg.tokens, *msg.committed)):
-            raise ProtocolError(f"draft token outside the target vocabulary [0, {width})")
-        if isinstance(msg, wire.DraftWithDists) and msg.width != width:
-            raise ProtocolError(f"draft distributions over {msg.width} ids, target has {width}")
-        if isinstance(msg, wire.Draft) and len(msg.probs) != len(msg.tokens):
-            raise ProtocolError("every drafted token needs its p(x)")
+            raise _bad_draft(msg, f"a token outside the target vocabulary [0, {width})")
+        if isinstance(msg, wire.DraftWithDists):
+            if msg.width != width:
+                raise _bad_draft(msg, f"distributions over {msg.width} ids, target has {width}")
+            for position, dist in zip(msg.dist_positions, msg.dists, strict=True):
+                if _count_of(dist, msg.tokens[position]) == 0:
+                    raise _bad_draft(msg, f"token {position} has p(x) = 0 in its own distribution")
+            return
+        if len(msg.probs) != len(msg.tokens):
+            raise _bad_draft(msg, "every drafted token needs its p(x)")
+        zero = [i for i, p in enumerate(msg.probs) if p <= 0]
+        if zero:
+            raise _bad_draft(msg, f"token {zero[0]} has p(x) = 0: it could not have been drafted")
+
+    def _check_room(self, msg: Draft) -> None:
+        """A draft past the tokens the request asked for is refused: the edge should have
+        stopped, and the session's cache would otherwise grow without bound."""
+        limit = self.settings.max_new_tokens
+        if len(self.output) + len(msg.committed) >= limit:
+            reason = f"the request's max_new_tokens={limit} are all generated"
+            raise _bad_draft(msg, reason, ErrorCode.LIMIT)
 
     def on_compute(self, purpose: str, result: Any) -> list[Action]:
         if purpose == "prefill":
@@ -392,3 +449,14 @@ class SpecCloud(Machine):
         probs = [float(dists[i][t]) if i in dists else 1.0 for i, t in enumerate(tokens)]
         unverified = [i not in dists for i in range(len(tokens))]
         return probs, unverified, dists
+
+
+def _bad_draft(msg: Draft, reason: str, code: ErrorCode = ErrorCode.PROTOCOL) -> ProtocolError:
+    """The error for a draft the cloud refuses, naming its round."""
+    return ProtocolError(f"draft for round {msg.round}: {reason}", code)
+
+
+def _count_of(dist: wire.Dist, token: int) -> int:
+    """A shipped distribution's count of one token (0 when it lists none)."""
+    at = int(np.searchsorted(dist.ids, token))
+    return int(dist.counts[at]) if at < len(dist.ids) and dist.ids[at] == token else 0

@@ -18,7 +18,7 @@ import numpy as np
 
 from wanspec import wire
 from wanspec.models.jobs import Embed, ForwardEmbeddings
-from wanspec.protocols.base import Action, Machine, Send, request_rng
+from wanspec.protocols.base import Action, ErrorCode, Machine, ProtocolError, Send, request_rng
 from wanspec.protocols.cache import CacheMirror
 from wanspec.protocols.endpoints import EdgeMachine, TargetInfo
 from wanspec.protocols.settings import GenerationSettings
@@ -118,6 +118,7 @@ class ArCloud(StreamCloud):
     def __init__(self, target: TargetInfo, settings: GenerationSettings, prompt: str) -> None:
         super().__init__(target, settings)
         self.context = target.encode(prompt)
+        self.cache_tokens = target.admit(len(self.context), settings.max_new_tokens)
         self.cache = CacheMirror()
 
     def on_start(self) -> list[Action]:
@@ -135,6 +136,10 @@ class ArCloud(StreamCloud):
 
 
 class SplitCloud(StreamCloud):
+    """Runs every layer on the activations the edge sends. The cloud never sees the prompt's
+    ids, so the prompt is checked when its activations arrive: their width, and that the prompt
+    (their rows) leaves room in the context for the tokens asked for."""
+
     EXPECTS = {StreamState.STREAMING: (wire.HiddenStates, wire.Close)}  # noqa: RUF012
 
     def __init__(self, target: TargetInfo, settings: GenerationSettings) -> None:
@@ -151,9 +156,28 @@ class SplitCloud(StreamCloud):
     def on_message(self, msg: Any) -> list[Action]:
         if isinstance(msg, wire.Close):
             return self.finish("closed by edge")
-        job = ForwardEmbeddings(self.length, np.asarray(msg.data))
-        self.length += int(msg.data.shape[0])
+        data = np.asarray(msg.data)
+        self._check_activations(data)
+        job = ForwardEmbeddings(self.length, data)
+        self.length += int(data.shape[0])
         return [self.compute("forward", job)]
+
+    def _check_activations(self, data: np.ndarray) -> None:
+        hidden = self.target.hidden_size
+        width = f"[n, {hidden}]" if hidden is not None else "[n, hidden size]"
+        if data.ndim != 2 or data.shape[0] < 1 or (hidden is not None and data.shape[1] != hidden):
+            raise ProtocolError(f"activations must be {width} with n >= 1, got {data.shape}")
+        rows = int(data.shape[0])
+        if self.length == 0:  # the prompt's
+            self.cache_tokens = self.target.admit(rows, self.settings.max_new_tokens)
+            return
+        context = self.target.context_length
+        if context is not None and self.length + rows > context:
+            raise ProtocolError(
+                f"{rows} more activation rows after {self.length} exceed the target's context "
+                f"of {context} tokens",
+                ErrorCode.LIMIT,
+            )
 
     def next_step(self, token: int) -> list[Action]:
         return []
