@@ -374,7 +374,7 @@ def test_two_sessions_that_fit_the_kv_budget_only_one_at_a_time_wait_for_each_ot
     with serving(pair, limits=limits) as server:
         held, refused, tokens = run(scenario(server), timeout_s=60)
     assert held == need
-    assert refused.code == ErrorCode.LIMIT
+    assert refused.code == ErrorCode.BUSY
     assert f"open sessions hold {need} bytes" in str(refused)
     assert f"budget of {need + need // 2} bytes" in str(refused)
     assert tokens == expected

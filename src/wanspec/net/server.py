@@ -506,8 +506,8 @@ class CloudServer(TcpService):
 
     def _reserve_kv(self, info: TargetInfo, tokens: int) -> int:
         """Take a session's KV-cache estimate (`tokens` cached at most) out of `max_kv_bytes`;
-        returns the bytes taken (0 without a budget or an estimate). LIMIT when they do not fit
-        beside what the open sessions hold."""
+        returns the bytes taken (0 without a budget or an estimate). LIMIT when the session could
+        never fit; BUSY (worth a retry) when only what the open sessions hold is in the way."""
         budget, per_token = self.limits.max_kv_bytes, info.kv_bytes_per_token
         if budget is None or per_token is None:
             return 0
@@ -525,7 +525,7 @@ class CloudServer(TcpService):
             raise ProtocolError(
                 f"{estimate}, but open sessions hold {format_bytes(held)} of this server's "
                 f"KV-cache budget of {format_bytes(budget)}; try again later",
-                ErrorCode.LIMIT,
+                ErrorCode.BUSY,
             )
         self._kv_reserved += need
         return need
