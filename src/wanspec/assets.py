@@ -255,7 +255,7 @@ def _numbered(spec_fmt: str, member_fmt: str, count: int) -> tuple[tuple[str, st
     return tuple((spec_fmt.format(i=i), member_fmt.format(i=i)) for i in range(1, count + 1))
 
 
-# Provenance of each pin is written up in the README ("Model artifacts").
+# Provenance of each pin is written up in docs/MODELS.md ("Models and artifacts").
 ARTIFACTS: dict[str, Artifact] = {
     a.name: a
     for a in (

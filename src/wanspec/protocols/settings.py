@@ -113,7 +113,7 @@ class GenerationSettings:
     hr_piggyback: bool = True  # X-CoSD: pre-drawn O-sample rides on the reply
     # Precision of a target distribution the cloud must ship (Naive, CoSD, HR, TR, PicoSpec,
     # AceSpec): 16 is the papers' setting; 32 keeps TV(q, q̂) below 1e-5 per token at T = 1
-    # on Qwen2.5-Coder-0.5B (README, "Exactness"). Methods that decide on the cloud ignore it.
+    # on Qwen2.5-Coder-0.5B (docs/EXACTNESS.md). Methods that decide on the cloud ignore it.
     q_bits: int = 32
     tr_k: int = 8  # TR: top-k of q that travels
     uhlm_samples: int = 20
