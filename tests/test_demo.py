@@ -34,6 +34,15 @@ def test_demo_runs_every_method_over_tcp_and_greedy_agrees(
         assert (r["cloud"].rounds > 0) == (r["method"] != "ar") and r["cloud"].loop_cpu_s > 0
     spec = rows[1]["real"]
     assert spec["rounds"] >= 2 and spec["time_s"] >= spec["rounds"] * link.rtt_s  # paid the RTT
+    progress = [line for line in lines if line.startswith("  [")]
+    assert [line.split()[:2] for line in progress] == [
+        [f"[{i}/5]", m] for i, m in enumerate(["ar", "naive", "xcosd", "xcosd-e", "sd"], 1)
+    ]
+    assert all("6 tokens in" in line and "same text as ar" in line for line in progress)
+    assert lines.index(progress[-1]) < min(
+        i for i, line in enumerate(lines) if "SIMULATED" in line
+    )  # each method reported as it finished, before the table
+    assert any(line.startswith("warm-up:") and "min in all" in line for line in lines)
     assert not any(line.rstrip().endswith("NO") for line in lines)
     assert any("SIMULATED: edge-orin + cloud-a100-32b" in line for line in lines)
     why = lines[-1]

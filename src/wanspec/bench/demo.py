@@ -31,7 +31,7 @@ def run_demo(
     edge_profile: str = PROJECTION[0],
     cloud_profile: str = PROJECTION[1],
     methods: tuple[str, ...] | None = None,
-    echo: Callable[[str], None] = print,
+    echo: Callable[[str], None] | None = None,
     dtype: Any = None,
     invariant: bool | None = None,
 ) -> list[dict[str, Any]]:
@@ -46,6 +46,7 @@ def run_demo(
     from wanspec.net.background import cloud_behind_wan
     from wanspec.net.shaping import link_specs
 
+    echo = echo or _say
     if methods and methods[0] != "ar":
         raise ValueError(f"the demo compares every method with 'ar': list it first, not {methods}")
     dtype = torch.float32 if dtype is None else dtype
@@ -59,14 +60,19 @@ def run_demo(
     echo(f"WAN proxy between them: {link}")
     methods = methods or METHODS + (SHARED_ONLY if pair.shared_vocab else ())
     greedy = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
-    # Warm both models up (first passes allocate and pick kernels) before anything is timed.
+    # Warm both models up (first passes allocate and pick kernels) before anything is timed;
+    # its time per token also sizes the estimate of the whole run.
+    began = time.perf_counter()
     wanspec.generate(pair, prompt, "naive", max_new_tokens=2, temperature=0.0)
+    echo(_estimate(time.perf_counter() - began, len(methods), max_new_tokens))
     rows: list[dict[str, Any]] = []
     with cloud_behind_wan(pair.target, pair.cloud_info, *link_specs(link)) as (address, server, _):
         for method in methods:
             res = wanspec.generate(pair, prompt, method, server=address, **greedy)
             session = _session_record(server, len(rows))
             rows.append({"method": method, "text": res.text, "real": res.stats, "cloud": session})
+            echo(_progress(rows[-1], rows[0], len(rows), len(methods)))
+    echo("projecting the same runs on the simulator…")
     for row in rows:
         projected = wanspec.generate(
             pair,
@@ -87,6 +93,33 @@ def run_demo(
     echo(f"\ngreedy text (every lossless method, both columns): {rows[0]['text']!r}")
     echo(_why(rows, link, edge_profile, cloud_profile))
     return rows
+
+
+def _say(line: str) -> None:
+    """Print a line at once, also into a pipe: the demo reports as it goes."""
+    print(line, flush=True)
+
+
+def _estimate(warmup_s: float, methods: int, tokens: int) -> str:
+    """What the user waits for, from the warm-up's time per token (2 tokens, one of them the
+    prefill's): each method's real run, then its projection, which runs the models again."""
+    per_token = warmup_s / 2
+    total = 2 * methods * tokens * per_token
+    return (
+        f"warm-up: {per_token:.2f} s per token on this machine; {methods} methods × "
+        f"{tokens} tokens over TCP, then projected: roughly {total / 60:.1f} min in all"
+    )
+
+
+def _progress(row: dict[str, Any], ar: dict[str, Any], done: int, total: int) -> str:
+    """One line as soon as a method's real run is over."""
+    real, base = row["real"], ar["real"]
+    agrees = "same text as ar" if row["text"] == ar["text"] else "TEXT DIFFERS FROM ar"
+    return (
+        f"  [{done}/{total}] {row['method']:<10} {real['new_tokens']} tokens in "
+        f"{real['time_s']:.1f} s over TCP ({_ratio(real['tokens_per_s'], base['tokens_per_s'])}× "
+        f"ar's rate), {agrees}"
+    )
 
 
 def _session_record(server: Any, index: int, timeout_s: float = 10.0) -> Any:
