@@ -62,7 +62,7 @@ from wanspec.net.framing import MessageStream, write_message
 from wanspec.net.metrics import ServerMetrics, method_label
 from wanspec.net.resume import CloudStream, SessionLost
 from wanspec.net.service import TcpService
-from wanspec.protocols.base import Action, ErrorCode, Event, ProtocolError
+from wanspec.protocols.base import Action, ErrorCode, Event, ProtocolError, clip
 from wanspec.protocols.endpoints import CloudEndpoint, TargetInfo
 from wanspec.protocols.registry import make_cloud, target_info
 from wanspec.protocols.settings import GenerationSettings
@@ -119,7 +119,7 @@ class SessionRecord:
     resumable: str = ""  # the resumable session's id (its first 12 characters), if it is one
 
     def finished_with(self, result: DriveResult) -> None:
-        self.outcome = clip(result.finish_reason)
+        self.outcome = clip(result.finish_reason, OUTCOME_CHARS)
         self.rounds = result.computes.get("verify", 0)
         self.forward_s = sum(result.compute_s.values())
         self.compute_s = dict(result.compute_s)
@@ -180,11 +180,6 @@ def format_bytes(count: int) -> str:
 
 
 OUTCOME_CHARS = 300  # of a session's outcome kept in its record and its log line
-
-
-def clip(text: str, limit: int = OUTCOME_CHARS) -> str:
-    """`text`, cut to `limit` characters: a record must not keep what an edge made long."""
-    return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
 def build_target_info(target_lm: Any, draft_tokenizers: Sequence[Any] = ()) -> TargetInfo:
@@ -317,13 +312,13 @@ class CloudServer(TcpService):
             admitted = True
             record.finished_with(await self._session(record, stream, head))
         except Refusal as refusal:
-            record.outcome = clip(f"refused: {refusal}")
+            record.outcome = clip(f"refused: {refusal}", OUTCOME_CHARS)
             await self._tell(stream, refusal.code, str(refusal))
             await self._linger(stream)
         except PeerGone as gone:
-            record.outcome = clip(f"edge gone: {gone}")
+            record.outcome = clip(f"edge gone: {gone}", OUTCOME_CHARS)
         except SendStalled as stalled:
-            record.outcome = clip(f"edge stalled: {stalled}")
+            record.outcome = clip(f"edge stalled: {stalled}", OUTCOME_CHARS)
             stream.writer.transport.abort()
         except asyncio.CancelledError:
             if not self._stopping:
@@ -332,7 +327,7 @@ class CloudServer(TcpService):
             await self._tell(stream, ErrorCode.SHUTDOWN, "the server is shutting down")
         except Exception as exc:
             log.exception("session %d failed", record.id)
-            record.outcome = clip(f"internal error: {type(exc).__name__}: {exc}")
+            record.outcome = clip(f"internal error: {type(exc).__name__}: {exc}", OUTCOME_CHARS)
             await self._tell(stream, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
         finally:
             self._admitted -= admitted

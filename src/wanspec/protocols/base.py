@@ -63,6 +63,12 @@ def shown(value: object, limit: int = ECHO_CHARS) -> str:
         text = repr(value)
     except ValueError:  # an int past Python's digit limit for str()
         text = f"<{type(value).__name__} too large to show>"
+    return clip(text, limit)
+
+
+def clip(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, the last an ellipsis: what a peer made long stays short
+    in every reply, record and log line."""
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
