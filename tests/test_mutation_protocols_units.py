@@ -34,7 +34,7 @@ from wanspec.protocols.registry import METHODS, build_machines, make_edge, targe
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.protocols.stopping import _is_byte_token, matching_mode
 from wanspec.protocols.stream import SplitCloud
-from wanspec.sampling import quantize, warp_probs
+from wanspec.sampling.draft import draft_row
 from wanspec.sim import Link, simulate
 from worlds import FLAT_PROFILE, PROMPT_IDS, World
 
@@ -374,9 +374,10 @@ def test_every_drafted_probability_is_the_draft_models_own_at_the_true_context(
         assert tuple(sim.tokens[draft.base : known]) == draft.committed
         base = [*PROMPT_IDS, *sim.tokens[:known]]
         contexts = [base + list(draft.tokens[:i]) for i in range(len(draft.tokens))]
-        logits = shared_world.alignment.project_draft_logits(shared_world.draft.rows(contexts))
-        counts = [quantize(row) for row in warp_probs(logits, params)]
-        assert list(draft.probs) == [int(counts[i][t]) for i, t in enumerate(draft.tokens)]
+        rows = shared_world.draft.rows(contexts)
+        allowed = shared_world.alignment.draft_in_common
+        laws = [draft_row(row, params, allowed=allowed) for row in rows]
+        assert list(draft.probs) == [laws[i].count(t) for i, t in enumerate(draft.tokens)]
     assert len(drafts) > 5
     if METHODS[method].family == "pipeline":
         assert edge.counters.get("cache_hits", 0) > 0

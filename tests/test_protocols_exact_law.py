@@ -1,6 +1,6 @@
 """Every method's first-token law, enumerated exactly through the real machines on the simulator.
 
-The law tests of tests/test_protocols.py sample thousands of runs and bound the TV distance,
+The law tests of tests/test_protocols.py sample hundreds of runs and bound the TV distance,
 which sees a gross error but not a residual normalised over the wrong set or a coin with the
 wrong odds, and takes minutes. Here one `ScriptedRng` (tests/exact_rng.py) stands in for every
 random stream of a run (the edge's, the cloud's, the pipelines' keyed draft streams), and the
@@ -32,7 +32,7 @@ from exact_rng import ScriptedRng, exact_law
 from wanspec.models.synthetic import SyntheticSpec
 from wanspec.protocols import pipeline, speculative, stream
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.sampling import dequantize, hybrid_bins, pick, round_probs, target_probs
+from wanspec.sampling import draft, hybrid_bins, pick, round_probs, target_probs
 from worlds import PROMPT_IDS, World
 
 TOLERANCE = 1e-9  # float64 sums of the floats the machines drew with; any planted bug is > 1e-6
@@ -91,8 +91,7 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> Callable[..., dict]:
     for module in (speculative, stream):
         monkeypatch.setattr(module, "request_rng", lambda seed, side: holder["rng"])
     monkeypatch.setattr(pipeline, "draft_rng", lambda seed, position: holder["rng"])
-    monkeypatch.setattr(speculative, "sample", _pick_counts)
-    monkeypatch.setattr(pipeline, "sample", _pick_counts)
+    monkeypatch.setattr(draft, "sample", _pick_counts)  # every drafted token's draw
 
     def law(world: World, method: str, **settings: object) -> dict:
         def run(rng: ScriptedRng) -> int:
@@ -115,7 +114,7 @@ def _first_position(world: World, **settings: object) -> tuple[np.ndarray, np.nd
     edge.draft_params = params  # repetition_penalty is 1 here, as the edge sets it
     logits = world.draft.extend(PROMPT_IDS)[-1]
     edge._take(logits)
-    return q, dequantize(edge.round.dists[0])
+    return q, edge.round.dists[0].probs()
 
 
 def _speculative_law(q_accept: np.ndarray, p: np.ndarray, replace: np.ndarray) -> np.ndarray:

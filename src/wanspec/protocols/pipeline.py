@@ -27,7 +27,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import torch
 
 from wanspec import wire
 from wanspec.models.jobs import KeepTreePath, TreeForward
@@ -35,7 +34,7 @@ from wanspec.protocols.base import Action, ComputeDone, Event, MessageReceived, 
 from wanspec.protocols.budget import BranchPlanner, ranked_capture
 from wanspec.protocols.schemes import dist_probs
 from wanspec.protocols.speculative import EdgeState, Round, SpecEdge
-from wanspec.sampling import Counts, sample
+from wanspec.sampling.draft import DraftRow
 
 
 def draft_rng(seed: int, position: int) -> np.random.Generator:
@@ -56,8 +55,7 @@ class Branch:
     tokens: list[int] = field(default_factory=list)  # drafted c_1 … c_γ (target ids)
     draft_ids: list[int] = field(default_factory=list)
     probs: list[int] = field(default_factory=list)
-    dists: list[Counts] = field(default_factory=list)
-    ranked: list[list[int]] = field(default_factory=list)  # per drafted token: its alternatives
+    dists: list[DraftRow] = field(default_factory=list)
     keys: list[int] = field(default_factory=list)  # per drafted token: its draft stream's key
 
     @classmethod
@@ -118,27 +116,21 @@ class PipelineEdge(SpecEdge):
 
     def _take(self, logits: Any) -> None:
         rnd = self.round
-        projected = self._draft_into(rnd, logits, self.generated + len(rnd.tokens))
-        self.alternatives.append(self._ranked(projected, rnd.tokens[-1]))
+        row = self._draft_into(rnd, logits, self.generated + len(rnd.tokens))
+        self.alternatives.append(row.ranked(self._rank_limit, rnd.tokens[-1]))
 
-    def _draft_into(self, chain: Round | Branch, logits: Any, position: int) -> torch.Tensor:
+    def _draft_into(self, chain: Round | Branch, logits: Any, position: int) -> DraftRow:
         """Draw the draft token at output `position` from its own keyed stream and append it
-        (with its draft id, p(x) and p) to a chain; returns the projected draft logits."""
-        counts, projected = self._draft_counts(logits)
-        self._append_draft(chain, sample(counts, draft_rng(self.settings.seed, position)), counts)
+        (with its draft id, p(x) and p) to a chain."""
+        row = self._draft_row(logits, ranks=self._rank_limit)
+        self._append_draft(chain, row.draw(draft_rng(self.settings.seed, position)), row)
         chain.keys.append(position)
-        return projected
+        return row
 
-    def _ranked(self, projected: torch.Tensor, exclude: int) -> list[int]:
-        """Draft tokens by decreasing draft logit, `exclude` left out (AceSpec's proxy for where
-        the residual mass lies); as many as the largest fan-out can use."""
-        limit = 0 if self.planner is None else self.planner.b_max
-        if limit == 0:
-            return []
-        k = min(limit + 1, projected.shape[-1])
-        values, ids = torch.topk(projected, k)
-        ranked = zip(values.tolist(), ids.tolist(), strict=True)
-        return [i for v, i in ranked if v > -np.inf and i != exclude][:limit]
+    @property
+    def _rank_limit(self) -> int:
+        """How many alternatives a drafted position may branch on (the largest fan-out)."""
+        return 0 if self.planner is None else self.planner.b_max
 
     def _upload(self) -> list[Action]:
         actions = super()._upload()
@@ -196,8 +188,7 @@ class PipelineEdge(SpecEdge):
         # from the speculation's base, not `generated`: a verdict may commit tokens while the
         # tree is still being drafted, and the keyed stream must not shift with that timing
         position = spec.base + branch.start + len(branch.tokens)
-        projected = self._draft_into(branch, logits, position)
-        branch.ranked.append(self._ranked(projected, branch.tokens[-1]))
+        self._draft_into(branch, logits, position)
 
     # ---- the verdict
     def on_reply(self, msg: Any) -> list[Action]:
@@ -303,7 +294,11 @@ class PipelineEdge(SpecEdge):
         rnd.tokens, rnd.draft_ids = list(branch.tokens), list(branch.draft_ids)
         rnd.probs, rnd.dists = list(branch.probs), list(branch.dists)
         rnd.keys = list(branch.keys)
-        self.alternatives = [list(r) for r in branch.ranked]
+        # ranked only now: a branch's alternatives matter only once it is the chain
+        limit = self._rank_limit
+        self.alternatives = [
+            row.ranked(limit, token) for row, token in zip(branch.dists, branch.tokens, strict=True)
+        ]
         return [keep, *self._upload()]
 
     @property

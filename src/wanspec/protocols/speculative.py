@@ -14,13 +14,11 @@ resamples from); the TV distance of each rounding used is summed into the `tv_bo
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
-
-if TYPE_CHECKING:
-    import torch
 
 from wanspec import wire
 from wanspec.protocols.base import Action, ErrorCode, Machine, ProtocolError, Send, request_rng
@@ -29,17 +27,15 @@ from wanspec.protocols.endpoints import EdgeMachine, TargetInfo
 from wanspec.protocols.schemes import Scheme
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sampling import (
-    Counts,
     Rounded,
     dequantize,
     pick,
-    quantize,
-    sample,
     target_probs,
     verify_chain,
-    warp_probs,
 )
-from wanspec.vocab import DraftRetokenizer, VocabAlignment
+from wanspec.sampling.draft import DraftRow, EmptyDraftRowError, draft_row
+from wanspec.sampling.target import valid_mask
+from wanspec.vocab import DraftRetokenizer, NoCommonMassError, VocabAlignment
 
 Draft = wire.Draft | wire.DraftWithDists
 
@@ -53,7 +49,7 @@ class Round:
     tokens: list[int] = field(default_factory=list)
     draft_ids: list[int] = field(default_factory=list)
     probs: list[int] = field(default_factory=list)
-    dists: list[Counts] = field(default_factory=list)
+    dists: list[DraftRow] = field(default_factory=list)
     draft_logits: list[np.ndarray] = field(default_factory=list)
     keys: list[int] = field(default_factory=list)  # per token: its draft stream's key (pipelines)
     candidate_rounds: int = 0
@@ -139,24 +135,33 @@ class SpecEdge(EdgeMachine):
 
     def _take(self, logits: Any) -> None:
         rnd = self.round
-        counts, projected = self._draft_counts(logits)
-        self._append_draft(rnd, sample(counts, self.rng), counts)
+        row = self._draft_row(logits)
+        self._append_draft(rnd, row.draw(self.rng), row)
         if self.scheme.keeps_draft_logits:
-            rnd.draft_logits.append(projected.detach().numpy())
+            rnd.draft_logits.append(self.alignment.project_draft_logits(logits.float()).numpy())
 
-    def _draft_counts(self, logits: Any) -> tuple[Counts, torch.Tensor]:
-        """p̃ as 16-bit counts over the target's ids, and the projected logits it came from."""
-        projected = self.alignment.project_draft_logits(logits.float())
-        counts = quantize(warp_probs(projected.unsqueeze(0), self.draft_params)[0])
-        return counts, projected
+    def _draft_row(self, logits: Any, ranks: int = 0) -> DraftRow:
+        """p̃ at one drafted position over the target's ids (TLI: common tokens only)."""
+        alignment = self.alignment
+        try:
+            return draft_row(
+                logits,
+                self.draft_params,
+                allowed=alignment.draft_in_common,
+                to_ids=None if alignment.is_identity else alignment.draft_to_target,
+                width=alignment.target_width,
+                ranks=ranks,
+            )
+        except EmptyDraftRowError as exc:
+            raise NoCommonMassError("draft logits are −inf on every common token") from exc
 
-    def _append_draft(self, chain: Any, token: int, counts: Counts) -> None:
+    def _append_draft(self, chain: Any, token: int, row: DraftRow) -> None:
         """Add a drafted token to a chain (a round or a pipeline's branch): its target id,
         its draft id, p̃(x) and p̃."""
         chain.tokens.append(token)
         chain.draft_ids.append(int(self.alignment.target_to_draft[token]))
-        chain.probs.append(int(counts[token]))
-        chain.dists.append(counts)
+        chain.probs.append(row.count(token))
+        chain.dists.append(row)
 
     def _upload(self) -> list[Action]:
         rnd = self.round
@@ -173,7 +178,7 @@ class SpecEdge(EdgeMachine):
     @staticmethod
     def draft_probs(rnd: Round, position: int) -> np.ndarray:
         """p̃ at a drafted position as probabilities (the 16-bit counts the edge reports)."""
-        return dequantize(rnd.dists[position])
+        return rnd.dists[position].probs()
 
     def dists_message(self, rnd: Round, positions: list[int]) -> wire.DraftWithDists:
         """UL / U-HLM upload: the draft plus full draft distributions at `positions`."""
@@ -184,7 +189,7 @@ class SpecEdge(EdgeMachine):
             tokens=tuple(rnd.tokens),
             width=self.alignment.target_width,
             dist_positions=tuple(positions),
-            dists=tuple(wire.Dist.from_dense(rnd.dists[i]) for i in positions),
+            dists=tuple(_wire_dist(rnd.dists[i]) for i in positions),
         )
 
     def rejected_dist_message(self, rnd: Round, position: int) -> wire.DraftWithDists:
@@ -195,7 +200,7 @@ class SpecEdge(EdgeMachine):
             tokens=(rnd.tokens[position],),
             width=self.alignment.target_width,
             dist_positions=(0,),
-            dists=(wire.Dist.from_dense(rnd.dists[position]),),
+            dists=(_wire_dist(rnd.dists[position]),),
         )
 
     # ---- replies
@@ -293,7 +298,7 @@ class SpecCloud(Machine):
         self.scheme, self.alignment, self.settings = scheme, alignment, settings
         self.rng = request_rng(settings.seed, "cloud")
         self.common = alignment.in_common
-        self.valid = target.vocab.target_valid
+        self.valid = valid_mask(target.vocab.target_valid)
         self.prompt_ids = target.encode(prompt)
         self.cache_tokens = target.admit(len(self.prompt_ids), settings.max_new_tokens)
         self.output: list[int] = []
@@ -396,24 +401,26 @@ class SpecCloud(Machine):
         assert msg is not None
         tokens = list(msg.tokens)
         context = [*self.prompt_ids, *self.output]
-        targets = [
-            target_probs(row, self.settings.sampling, self.valid, [*context, *tokens[:i]])
-            for i, row in enumerate(result)
-        ]
-        verified = targets[: len(tokens)]
-        rounded = [self.scheme.round_target(self, q) for q in verified]
-        decide = [
-            self.scheme.decision_probs(self, q, r) for q, r in zip(verified, rounded, strict=True)
-        ]
+        # each row's q (and its rounding) is computed only when the decision reaches it: a
+        # rejection at position j leaves the rows after j untouched
+        sampling = self.settings.sampling
+        targets = LazyRows(
+            len(result),
+            lambda i: target_probs(result[i], sampling, self.valid, [*context, *tokens[:i]]),
+        )
+        rounded = LazyRows(len(tokens), lambda i: self.scheme.round_target(self, targets[i]))
+        decide = LazyRows(
+            len(tokens), lambda i: self.scheme.decision_probs(self, targets[i], rounded[i])
+        )
         probs, unverified, dists = self._draft_side(msg, tokens)
         accepted = verify_chain(tokens, probs, decide, self.rng, unverified=unverified)
         self.output.extend(tokens[:accepted])
-        self._add_tv(rounded[: accepted + 1])
+        self._add_tv([rounded[i] for i in range(min(accepted + 1, len(tokens)))])
         self.count("rounds")
         if accepted == len(tokens):
             self.rejection = None
             self.state = CloudState.IDLE
-            bonus = pick(targets[-1], self.rng) if self.bonus else None
+            bonus = pick(targets[len(result) - 1], self.rng) if self.bonus else None
             actions = self._reply(wire.VerifyResult(msg.round, accepted, token=bonus))
         else:
             self.count("rejections")
@@ -451,9 +458,31 @@ class SpecCloud(Machine):
         return probs, unverified, dists
 
 
+class LazyRows(Sequence[Any]):
+    """A sequence whose i-th item is computed (once) when first read."""
+
+    def __init__(self, length: int, compute: Callable[[int], Any]) -> None:
+        self._length, self._compute, self._done = length, compute, {}
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __getitem__(self, i: Any) -> Any:
+        if not isinstance(i, int) or not 0 <= i < self._length:
+            raise IndexError(f"row {i!r} of {self._length}")
+        if i not in self._done:
+            self._done[i] = self._compute(i)
+        return self._done[i]
+
+
 def _bad_draft(msg: Draft, reason: str, code: ErrorCode = ErrorCode.PROTOCOL) -> ProtocolError:
     """The error for a draft the cloud refuses, naming its round."""
     return ProtocolError(f"draft for round {msg.round}: {reason}", code)
+
+
+def _wire_dist(row: DraftRow) -> wire.Dist:
+    """A drafted position's p̃ as it travels (sparse: the candidates with a count)."""
+    return wire.Dist(row.width, row.ids, row.counts)
 
 
 def _count_of(dist: wire.Dist, token: int) -> int:

@@ -139,7 +139,7 @@ class VocabAlignment:
         key = f"{draft}:{target}:{self.draft_width}:{self.target_width}"
         return hashlib.sha256(key.encode()).hexdigest()[:16]
 
-    @property
+    @cached_property
     def is_identity(self) -> bool:
         """True when C is every valid target token and every map is the identity."""
         ids = np.flatnonzero(self.target_valid)
