@@ -10,6 +10,7 @@ from typing import Any
 import torch
 
 from wanspec.models.jobs import ComputeCost, session_executor
+from wanspec.models.lm import resolve_device
 from wanspec.protocols.endpoints import TargetInfo
 from wanspec.protocols.registry import get_method, make_cloud, make_edge, target_info
 from wanspec.protocols.settings import GenerationSettings
@@ -47,18 +48,35 @@ class Pair:
 
 
 def _load_lm(
-    name_or_model: Any, dtype: torch.dtype, threads: int | None, invariant: bool | None = None
+    name_or_model: Any,
+    dtype: torch.dtype,
+    threads: int | None,
+    invariant: bool | None = None,
+    device: str | torch.device | None = "cpu",
 ) -> tuple[Any, str]:
     if hasattr(name_or_model, "extend"):
         if invariant:
             raise ValueError("invariant=True applies when loading: pass names or folders")
+        _check_loaded_device(name_or_model, device)
         return name_or_model, getattr(name_or_model, "name", "model")
     from wanspec.models.lm import load_model
     from wanspec.models.registry import resolve_model
 
     folder = resolve_model(str(name_or_model))
-    lm = load_model(folder, dtype=dtype, threads=threads, invariant=invariant)
+    lm = load_model(folder, dtype=dtype, threads=threads, invariant=invariant, device=device)
     return lm, str(name_or_model)
+
+
+def _check_loaded_device(lm: Any, device: str | torch.device | None) -> None:
+    """A model passed in already loaded stays where it is: a `device` other than its own is an
+    error, not a silent no-op (cpu, the default, is taken as "not asked" for such a model)."""
+    wanted = resolve_device(device)
+    have = getattr(lm, "device", torch.device("cpu"))
+    if wanted.type != "cpu" and wanted != have:
+        raise ValueError(
+            f"device={str(device)!r} applies when loading: {getattr(lm, 'name', 'the model')} is "
+            f"already loaded on {have}; pass a name or folder, or load it with that device"
+        )
 
 
 def load_pair(
@@ -68,6 +86,7 @@ def load_pair(
     dtype: torch.dtype = torch.float32,
     threads: int | None = None,
     invariant: bool | None = None,
+    device: str | torch.device | None = "cpu",
 ) -> Pair:
     """Load (pulling registry models on first use) and align a target/draft pair.
 
@@ -76,9 +95,12 @@ def load_pair(
     (`wanspec.models.invariant`), so a sampled run's tokens do not depend on how passes are cut:
     the asynchronous pipelines then give the same tokens whatever the link or the timing. None
     (default): on for a 16-bit `dtype`, which refuses False (`models.lm.resolve_invariant`).
+    `device`: where both models compute ("cpu", "cuda", "cuda:N", "mps"); one not present here
+    is a ValueError before anything loads (`models.lm.resolve_device`).
     """
-    target_lm, target_name = _load_lm(target, dtype, threads, invariant)
-    draft_lm, draft_name = _load_lm(draft, dtype, threads, invariant)
+    resolve_device(device)  # both models' device, checked before either loads
+    target_lm, target_name = _load_lm(target, dtype, threads, invariant, device)
+    draft_lm, draft_name = _load_lm(draft, dtype, threads, invariant, device)
     if draft_lm.tokenizer is None or target_lm.tokenizer is None:
         raise ValueError("both models need a tokenizer")
     alignment = VocabAlignment.build(
@@ -129,6 +151,9 @@ def _stats(method: str, sim: SimResult, edge: Any, cloud: Any) -> dict[str, Any]
         "compute_busy_s": dict(sim.compute_busy_s),
         "retransmissions": dict(sim.retransmissions),
     }
+    if sim.protocol_cpu_s is not None:  # the run charged the machines' own CPU
+        stats["protocol_cpu_s"] = dict(sim.protocol_cpu_s)
+        stats["codec_cpu_s"] = dict(sim.codec_cpu_s or {})
     gamma = getattr(getattr(edge, "settings", None), "gamma", None)
     if rounds and gamma:
         drafted = rounds * gamma
@@ -193,6 +218,7 @@ def generate(
     edge_profile: str | Profile | None = None,
     cloud_profile: str | Profile | None = None,
     trace: bool = False,
+    charge_protocol_cpu: bool = False,
     server: str | None = None,
     token: str | None = None,
     tls_ca: str | Path | bool | None = None,
@@ -205,13 +231,17 @@ def generate(
     options of `GenerationSettings` (srdv_k, srdv_m, hr_piggyback, tr_k, uhlm_*). Profiles
     price each computation (default "measured": this machine's wall time); `profile` sets both
     sides, `edge_profile` / `cloud_profile` each one. The default link is 100 Mbps, 50 ms RTT.
+    `charge_protocol_cpu`: also charge each side's own CPU (its machine's handlers, encoding and
+    decoding messages), measured on this machine, on the virtual clock, as a real run pays it
+    (`wanspec.sim.simulate(charge_cpu=True)`); the stats then carry `protocol_cpu_s` and
+    `codec_cpu_s` per side. Off by default, so the virtual times do not vary from run to run.
 
     With `server="HOST:PORT"` the target runs on a `wanspec serve` server instead, over real TCP
-    (times are wall clock; link and profiles do not apply). `pair` may then also be the draft
-    alone (registry name, folder or LanguageModel) with `target_tokenizer` (e.g. "qwen2.5"), or a
-    `wanspec.net.client.RemotePair` from `load_edge`. `token` (default $WANSPEC_TOKEN) is the
-    server's bearer token; `tls_ca` turns TLS on: a PEM file pins the server's CA, True trusts
-    the system's CAs.
+    (times are wall clock; link, profiles and `charge_protocol_cpu` do not apply). `pair` may
+    then also be the draft alone (registry name, folder or LanguageModel) with
+    `target_tokenizer` (e.g. "qwen2.5"), or a `wanspec.net.client.RemotePair` from `load_edge`.
+    `token` (default $WANSPEC_TOKEN) is the server's bearer token; `tls_ca` turns TLS on: a PEM
+    file pins the server's CA, True trusts the system's CAs.
     """
     info = get_method(method)
     gen = GenerationSettings(**_model_sampling(pair, settings))
@@ -242,6 +272,7 @@ def generate(
         edge_executor=session_executor(edge_model),
         cloud_executor=session_executor(pair.target),
         trace=trace,
+        charge_cpu=charge_protocol_cpu,
     )
     if sim.cloud_finish is not None and sim.cloud_finish.startswith("error"):
         raise RuntimeError(f"the cloud ended the session: {sim.cloud_finish}")

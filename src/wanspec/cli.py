@@ -198,6 +198,12 @@ def _make_link(link_preset: str | None, seed: int, **numbers: Any) -> Any:
 )
 @loading_options
 @_profile_options
+@click.option(
+    "--charge-protocol-cpu",
+    is_flag=True,
+    help="Also charge each side's own CPU (handlers, codec; measured here) on the virtual "
+    "clock, as a real run pays it; the stats gain protocol_cpu_s per side.",
+)
 @_link_options
 @_server_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object with the stats.")
@@ -209,12 +215,14 @@ def generate(
     as_json: bool,
     dtype: str,
     invariant: bool | None,
+    device: str,
     server: str | None,
     token: str | None,
     tls: bool,
     tls_ca: str | None,
     edge_profile: str,
     cloud_profile: str,
+    charge_protocol_cpu: bool,
     link_preset: str | None,
     bandwidth_bps: float,
     uplink_bps: float | None,
@@ -226,8 +234,8 @@ def generate(
 ) -> None:
     """Generate text with a method over a simulated WAN (virtual time, real models), or with
     --server against a `wanspec serve` target over real TCP (wall clock; the edge then needs
-    only the target's tokenizer, the link and profile options do not apply, and --dtype and
-    --invariant load the draft only: the server chose its target's)."""
+    only the target's tokenizer, the link, profile and CPU options do not apply, and --dtype,
+    --invariant and --device load the draft only: the server chose its target's)."""
     import wanspec
 
     if prompt == "-":
@@ -235,7 +243,7 @@ def generate(
     settings["stop"] = tuple(settings["stop"])
     if server is not None:
         remote = {"token": token, "tls_ca": tls_ca or (True if tls else None)}
-        loading = {"dtype": dtype, "invariant": invariant}
+        loading = {"dtype": dtype, "invariant": invariant, "device": device}
         _generate_remote(draft, target, prompt, method, server, as_json, remote, settings, loading)
         return
     try:
@@ -249,7 +257,8 @@ def generate(
             jitter_s=jitter_s,
             loss=loss,
         )
-        pair = wanspec.load_pair(target=target, draft=draft, **loading_kwargs(dtype, invariant))
+        loading = loading_kwargs(dtype, invariant, device)
+        pair = wanspec.load_pair(target=target, draft=draft, **loading)
         result = wanspec.generate(
             pair,
             prompt,
@@ -257,6 +266,7 @@ def generate(
             link=link,
             edge_profile=edge_profile,
             cloud_profile=cloud_profile,
+            charge_protocol_cpu=charge_protocol_cpu,
             **settings,
         )
     except _user_errors() as err:
@@ -332,6 +342,7 @@ def demo(
     methods: str | None,
     dtype: str,
     invariant: bool | None,
+    device: str,
     link_preset: str | None,
     **link: Any,
 ) -> None:
@@ -351,7 +362,7 @@ def demo(
             cloud_profile=cloud_profile,
             methods=tuple(m.strip() for m in methods.split(",")) if methods else None,
             echo=click.echo,
-            **loading_kwargs(dtype, invariant),
+            **loading_kwargs(dtype, invariant, device),
         )
     except _user_errors() as err:
         raise click.ClickException(str(err)) from err
@@ -605,6 +616,7 @@ def serve(
     threads: int | None,
     dtype: str,
     invariant: bool | None,
+    device: str,
     idle_timeout: float,
     request_timeout: float,
     max_batch_tokens: int,
@@ -636,7 +648,7 @@ def serve(
         from wanspec.models.lm import load_model
         from wanspec.models.registry import load_tokenizer, resolve_model
 
-        loading = loading_kwargs(dtype, invariant)
+        loading = loading_kwargs(dtype, invariant, device)
         target_lm = load_model(resolve_model(target), threads=threads, **loading)
         drafts = draft_tokenizers or _default_draft_tokenizers(target)
         info = build_target_info(target_lm, [load_tokenizer(name) for name in drafts])
@@ -668,7 +680,7 @@ def serve(
         budget = f"{format_bytes(kv)} for all sessions" if kv is not None else "none"
         click.echo(f"  prefill: {chunk}; KV-cache budget: {budget}")
         kernels = "pass-shape invariant" if is_batch_invariant(target_lm.model) else "default"
-        click.echo(f"  model: {dtype}, {kernels} kernels")
+        click.echo(f"  model: {dtype}, {kernels} kernels on {target_lm.device}")
         if metrics_port is not None:
             bound = s.metrics.serve_http(metrics_port, host)
             click.echo(f"  metrics: http://{host}:{bound}/metrics")

@@ -8,10 +8,14 @@ from typing import Any
 
 import click
 
-from wanspec.bench.config import CONFIGS
+from wanspec.bench.config import CONFIGS, REAL_HETERO
 from wanspec.bench.experiments import ALIASES, EXPERIMENTS
+from wanspec.bench.overhead import PAIRS
+from wanspec.bench.realsim import METHODS as REALSIM_METHODS
+from wanspec.models.cli import loading_options
 
 DEFAULT_OUT = "docs/results"
+LOADING_PARAMS = ("dtype", "device")  # from `loading_options`; recorded only when not default
 
 _out_option = click.option(
     "--out",
@@ -46,6 +50,8 @@ def _command_line() -> str:
         value = ctx.params.get(param.name)
         if value is None or value is False or not param.opts:
             continue
+        if param.name in LOADING_PARAMS and value == param.default:
+            continue  # the default dtype and device go without saying
         words += [param.opts[0]] if value is True else [param.opts[0], str(value)]
     words[0] = "wanspec"
     return shlex.join(words)
@@ -76,6 +82,7 @@ def _experiment_command(name: str, command_name: str | None = None) -> click.Com
     @click.option("--srdv-k", type=int, help="X-CoSD-E candidates K.")
     @click.option("--srdv-m", type=int, help="X-CoSD-E candidate rounds M.")
     @click.option("--no-progress", is_flag=True, help="No progress bar.")
+    @loading_options
     def command(
         config_name: str,
         out: Path,
@@ -83,8 +90,13 @@ def _experiment_command(name: str, command_name: str | None = None) -> click.Com
         prompts: int | None,
         data_dir: Path | None,
         no_progress: bool,
+        dtype: str,
+        invariant: bool | None,
+        device: str,
         **options: Any,
     ) -> None:
+        from dataclasses import replace
+
         from wanspec.bench.sweep import run_experiment
         from wanspec.cli import _user_errors
 
@@ -92,6 +104,7 @@ def _experiment_command(name: str, command_name: str | None = None) -> click.Com
             config = CONFIGS[config_name].with_overrides(
                 datasets=_split(datasets), prompts=prompts, **options
             )
+            config = replace(config, dtype=dtype, invariant=invariant, device=device)
             summary = run_experiment(
                 name,
                 config,
@@ -142,3 +155,116 @@ def report(out: Path, output: Path) -> None:
     except (FileNotFoundError, ValueError) as err:
         raise click.ClickException(str(err)) from err
     click.echo(f"wrote {path}")
+
+
+@bench.command()
+@click.option(
+    "--pair",
+    "pair_name",
+    type=click.Choice(list(PAIRS)),
+    default="hetero",
+    show_default=True,
+    help="hetero: smollm2-135m → qwen2.5-coder-0.5b; shared: qwen2.5-coder-0.5b → 1.5b.",
+)
+@click.option("--draft", help="Draft model (registry name or folder) in place of the pair's.")
+@click.option("--target", help="Target model (registry name or folder) in place of the pair's.")
+@click.option(
+    "--methods", metavar="M1,M2,…", help="Methods to time [every lossless one the pair can run]."
+)
+@click.option("--prompts", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--tokens", type=click.IntRange(min=1), default=64, show_default=True)
+@click.option("--gamma", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--tree-budget", type=int, help="AceSpec's B_max [the method's default].")
+@click.option("--seed", type=int, default=0, show_default=True, help="Prompt i runs seed + i.")
+@click.option(
+    "--decodes",
+    type=click.IntRange(min=1),
+    default=10,
+    show_default=True,
+    help="Reference: one-token decodes timed (median).",
+)
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the numbers as JSON.",
+)
+def overhead(
+    pair_name: str,
+    draft: str | None,
+    target: str | None,
+    methods: str | None,
+    json_path: Path | None,
+    **options: Any,
+) -> None:
+    """The protocol's own CPU per round, per side and per phase, beside one target decode."""
+    from wanspec.bench.overhead import PhaseTableError, run
+    from wanspec.cli import _user_errors
+
+    try:
+        run(
+            pair=pair_name,
+            draft=draft,
+            target=target,
+            methods=_split(methods),
+            json_path=json_path,
+            echo=click.echo,
+            **options,
+        )
+    except PhaseTableError:
+        raise  # a stale phase table is a bug to fix, with its traceback
+    except _user_errors() as err:
+        raise click.ClickException(str(err)) from err
+
+
+@bench.command()
+@click.option("--target", default=REAL_HETERO[0], show_default=True, help="Target model.")
+@click.option("--draft", default=REAL_HETERO[1], show_default=True, help="Draft model.")
+@click.option(
+    "--methods",
+    metavar="M1,M2,…",
+    default=",".join(REALSIM_METHODS),
+    show_default=True,
+    help="Methods to run.",
+)
+@click.option("--prompts", type=click.IntRange(min=1, max=4), default=2, show_default=True)
+@click.option(
+    "--tokens", "max_new_tokens", type=click.IntRange(min=1), default=24, show_default=True
+)
+@click.option("--rtt", "rtt_s", type=float, default=0.02, show_default=True, help="Seconds.")
+@click.option(
+    "--bandwidth", "bandwidth_bps", type=float, default=100e6, show_default=True, help="Bits/s."
+)
+@click.option("--gamma", type=click.IntRange(min=1), default=4, show_default=True)
+@click.option("--temperature", type=float, default=1.0, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True, help="Prompt i runs seed + i.")
+@click.option(
+    "--json",
+    "json_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Also write the numbers as JSON.",
+)
+@loading_options
+def realsim(
+    methods: str,
+    dtype: str,
+    invariant: bool | None,
+    device: str,
+    **options: Any,
+) -> None:
+    """The same requests over real TCP (server + WAN proxy here) and on the simulator with the
+    protocol's CPU charged: real and simulated seconds per method, and their ratio."""
+    from wanspec.bench.realsim import run
+    from wanspec.cli import _user_errors
+    from wanspec.models.cli import loading_kwargs
+
+    try:
+        run(
+            methods=_split(methods),
+            loading=loading_kwargs(dtype, invariant, device),
+            echo=click.echo,
+            **options,
+        )
+    except _user_errors() as err:
+        raise click.ClickException(str(err)) from err

@@ -56,6 +56,10 @@ class Config:
     rates_bps: tuple[float, ...]  # xcosd-rate: downlink rates
     quality_temperatures: tuple[float, ...]
     threads: int | None = None
+    # how the models load (`wanspec.load_pair`: --dtype, --invariant, --device)
+    dtype: str = "float32"
+    invariant: bool | None = None
+    device: str = "cpu"
     gamma: int = 2  # X-CoSD Table 5: N = γ = 2
     temperature: float = 1.0  # X-CoSD runs (speculative sampling at T = 1)
     seed: int = 0
@@ -80,6 +84,24 @@ class Config:
     analysis_gammas: tuple[int, ...] = (2, 4, 6)
     analysis_seeds: int = 8
     analysis_tokens: int = 300
+
+    def loading(self) -> dict[str, Any]:
+        """`wanspec.load_pair`'s dtype, invariant and device keywords for this configuration."""
+        import torch
+
+        return {
+            "dtype": getattr(torch, self.dtype),
+            "invariant": self.invariant,
+            "device": self.device,
+        }
+
+    def loading_changes(self) -> dict[str, Any]:
+        """The loading options that differ from the defaults. They change a model's logits
+        (another dtype, kernels or device rounds differently), so they enter every cell's
+        settings, hence its hash; runs with the defaults keep the hashes they always had."""
+        given = {"dtype": self.dtype, "invariant": self.invariant, "device": self.device}
+        defaults = {"dtype": "float32", "invariant": None, "device": "cpu"}
+        return {k: v for k, v in given.items() if v != defaults[k]}
 
     def task_tokens(self, task: str | None) -> int:
         return min(TASK_TOKENS.get(task or "", self.max_new_tokens), self.max_new_tokens)

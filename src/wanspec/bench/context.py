@@ -41,6 +41,7 @@ class Context:
     threads: int | None = None
     data_dir: Path | None = None
     pairs: dict[tuple[str, str], Any] = field(default_factory=dict)
+    loading: dict[str, Any] = field(default_factory=dict)  # load_pair's dtype, invariant, device
     _prompts: dict[tuple[str, int], PromptSet] = field(default_factory=dict)
 
     def pair(self, target: str, draft: str) -> Any:
@@ -51,9 +52,11 @@ class Context:
         if key not in self.pairs:
             if key in (TINY_PAIR, TINY_SHARED_PAIR):
                 target_dir, draft_dir = tiny_pair_folders(shared=key == TINY_SHARED_PAIR)
-                loaded = wanspec.load_pair(target_dir, draft_dir, threads=self.threads)
+                loaded = wanspec.load_pair(
+                    target_dir, draft_dir, threads=self.threads, **self.loading
+                )
             else:
-                loaded = wanspec.load_pair(target, draft, threads=self.threads)
+                loaded = wanspec.load_pair(target, draft, threads=self.threads, **self.loading)
             self.pairs[key] = loaded
         return self.pairs[key]
 

@@ -34,11 +34,12 @@ def run_demo(
     echo: Callable[[str], None] | None = None,
     dtype: Any = None,
     invariant: bool | None = None,
+    device: str = "cpu",
 ) -> list[dict[str, Any]]:
     """Each method once over the real network and once projected; prints the text and one table.
     `methods` (default: `METHODS`, plus `SHARED_ONLY` for a shared vocabulary) must start with
-    "ar", the baseline of the ratios. `dtype` (default float32) and `invariant` load both models
-    as `wanspec.load_pair` does. Returns per method {"method", "text", "real": stats,
+    "ar", the baseline of the ratios. `dtype` (default float32), `invariant` and `device` load
+    both models as `wanspec.load_pair` does. Returns per method {"method", "text", "real": stats,
     "cloud": the server's SessionRecord, "projected": stats, "same_as_ar"}."""
     import torch
 
@@ -50,7 +51,9 @@ def run_demo(
     if methods and methods[0] != "ar":
         raise ValueError(f"the demo compares every method with 'ar': list it first, not {methods}")
     dtype = torch.float32 if dtype is None else dtype
-    pair = wanspec.load_pair(target=target, draft=draft, dtype=dtype, invariant=invariant)
+    pair = wanspec.load_pair(
+        target=target, draft=draft, dtype=dtype, invariant=invariant, device=device
+    )
     vocab = pair.alignment.stats()
     echo(
         f"target {pair.target_name} ({vocab.target_vocab} tokens) in a `wanspec serve` server; "

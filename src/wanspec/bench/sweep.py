@@ -30,6 +30,7 @@ from wanspec.bench.config import Config
 from wanspec.bench.context import Context
 from wanspec.bench.experiments import Experiment, Row, get_experiment
 from wanspec.bench.runner import (
+    Cell,
     SweepSummary,
     jsonable,
     read_results,
@@ -73,6 +74,16 @@ def environment() -> dict[str, Any]:
     }
 
 
+def with_loading(cells: list[Cell], config: Config) -> list[Cell]:
+    """`cells` with the configuration's non-default loading options in their settings: another
+    dtype, kernel set or device computes other logits, so those are other cells than a default
+    run's (which keep their hashes)."""
+    changes = config.loading_changes()
+    if not changes:
+        return list(cells)
+    return [Cell(c.key, {**c.settings, "loading": changes}) for c in cells]
+
+
 def run_experiment(
     name: str,
     config: Config,
@@ -86,8 +97,8 @@ def run_experiment(
     experiment = get_experiment(name)
     name = experiment.name  # an alias runs into its experiment's folder
     folder = Path(out) / name
-    ctx = Context(threads=config.threads, data_dir=data_dir)
-    cells = experiment.cells(config, ctx)
+    ctx = Context(threads=config.threads, data_dir=data_dir, loading=config.loading())
+    cells = with_loading(experiment.cells(config, ctx), config)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     summary = run_sweep(
         cells,

@@ -62,6 +62,7 @@ def edge(
     threads: int | None,
     dtype: str,
     invariant: bool | None,
+    device: str,
 ) -> None:
     """Serve /v1/models, /v1/completions and /v1/chat/completions on --listen, each request
     decoded speculatively with the draft here and the target on --server; a dropped link to
@@ -81,7 +82,7 @@ def edge(
     try:
         host, port = parse_address(listen)
         loading = {"threads": threads, "model_id": model_name, "max_concurrent": max_concurrent}
-        loading.update(loading_kwargs(dtype, invariant))
+        loading.update(loading_kwargs(dtype, invariant, device))
         models = (draft or DEFAULT_DRAFT, target or DEFAULT_TARGET)
         service = _service(server, *models, method, gamma, options, **loading)
     except (*_user_errors(), RemoteError) as err:
@@ -102,6 +103,7 @@ def _service(
     max_concurrent: int,
     dtype: Any,
     invariant: bool | None,
+    device: str = "cpu",
 ) -> Any:
     from wanspec.edge_service.app import EdgeService
     from wanspec.models.lm import load_model
@@ -110,7 +112,9 @@ def _service(
     from wanspec.protocols.registry import get_method
 
     name = get_method(method).name  # an unknown method fails here, before any loading
-    draft_lm = load_model(resolve_model(draft), threads=threads, dtype=dtype, invariant=invariant)
+    draft_lm = load_model(
+        resolve_model(draft), threads=threads, dtype=dtype, invariant=invariant, device=device
+    )
     edge = load_edge(draft_lm, target, server, options, draft_name=draft)
     return EdgeService(
         edge,

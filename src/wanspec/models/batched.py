@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from wanspec.models.lm import HFLanguageModel, LanguageModel, tree_bias
+from wanspec.models.lm import HFLanguageModel, LanguageModel, to_host, tree_bias
 
 
 def can_batch(sessions: Sequence[LanguageModel]) -> bool:
@@ -87,29 +87,41 @@ def _row_bias(length: int, n: int, window: int | None, dtype: torch.dtype) -> to
 
 
 def _batch_bias(
-    lengths: Sequence[int], new: Sequence[int], width: int, window: int | None, dtype: torch.dtype
+    lengths: Sequence[int],
+    new: Sequence[int],
+    width: int,
+    window: int | None,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> torch.Tensor:
-    """[B, 1, N, width]: each row's own bias, everything else hidden; a padding query sees slot 0
-    only (its output is dropped, but a row that sees nothing would be NaN)."""
+    """[B, 1, N, width] on `device`: each row's own bias, everything else hidden; a padding query
+    sees slot 0 only (its output is dropped, but a row that sees nothing would be NaN). Built on
+    the CPU row by row, then moved in one copy."""
     bias = torch.full((len(new), 1, max(new), width), torch.finfo(dtype).min, dtype=dtype)
     bias[:, :, :, 0] = 0
     for row, (length, n) in enumerate(zip(lengths, new, strict=True)):
         bias[row, 0, :n, : length + n] = _row_bias(length, n, window, dtype)
-    return bias
+    return bias.to(device)
 
 
-def _padded(rows: Sequence[Sequence[int]], fill: Sequence[int]) -> torch.Tensor:
-    """[B, N] integer tensor of ragged rows, row i padded with fill[i]."""
+def _padded(
+    rows: Sequence[Sequence[int]], fill: Sequence[int], device: torch.device
+) -> torch.Tensor:
+    """[B, N] integer tensor of ragged rows on `device`, row i padded with fill[i]."""
     width = max(len(r) for r in rows)
-    return torch.tensor([[*r, *[f] * (width - len(r))] for r, f in zip(rows, fill, strict=True)])
+    padded = [[*r, *[f] * (width - len(r))] for r, f in zip(rows, fill, strict=True)]
+    return torch.tensor(padded, device=device)
 
 
 @torch.inference_mode()
 def batched_extend(
-    sessions: Sequence[LanguageModel], token_lists: Sequence[Sequence[int]]
+    sessions: Sequence[LanguageModel],
+    token_lists: Sequence[Sequence[int]],
+    rows: Sequence[int] | None = None,
 ) -> list[torch.Tensor]:
     """Append `token_lists[i]` to `sessions[i]` for every i in ONE forward pass; returns each
-    session's float32 logits [n_i, V], as `sessions[i].extend(token_lists[i])` would.
+    session's float32 CPU logits, as `sessions[i].extend(token_lists[i], rows[i])` would (rows
+    None: every row). The rows asked for leave the device together, in one copy.
 
     Needs `can_batch(sessions)` and at least one token per session. On failure every session is
     rolled back to where it was and the error propagates.
@@ -121,17 +133,22 @@ def batched_extend(
     if any(not row for row in ids):
         raise ValueError("every session of a batched pass needs at least one new token")
     lengths, new = [s.length for s in hf], [len(row) for row in ids]
+    if rows is not None and len(rows) != len(new):
+        raise ValueError(f"{len(rows)} row counts for {len(new)} sessions")
+    given = new if rows is None else rows
+    wanted = [hf[0]._check_rows(given[i], n) for i, n in enumerate(new)]
     cache = _RaggedCache(hf, new)
     lead = hf[0]
+    device = lead.device
     masks = {
-        kind: _batch_bias(lengths, new, cache.width, window, lead.dtype)
+        kind: _batch_bias(lengths, new, cache.width, window, lead.dtype, device)
         for kind, window in lead._windows.items()
     }
     positions = [range(length, length + n) for length, n in zip(lengths, new, strict=True)]
     try:
         out = lead.model(
-            input_ids=_padded(ids, [0] * len(ids)),
-            position_ids=_padded(positions, lengths),
+            input_ids=_padded(ids, [0] * len(ids), device),
+            position_ids=_padded(positions, lengths, device),
             attention_mask=masks if len(masks) > 1 else next(iter(masks.values())),
             use_cache=True,
             **{lead._cache_kwarg: cache},
@@ -143,4 +160,5 @@ def batched_extend(
         raise
     for session, n in zip(hf, new, strict=True):
         session._length += n
-    return [out.logits[row, :n].float() for row, n in enumerate(new)]
+    picked = [out.logits[row, n - wanted[row] : n] for row, n in enumerate(new)]
+    return list(to_host(torch.cat(picked)).split(wanted))  # one copy off the device

@@ -18,9 +18,31 @@ USER_ERRORS = (AssetError, ConversionError, registry.ModelError)
 DTYPES = ("float32", "bfloat16", "float16")
 
 
+def _checked_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """--device, refused as a usage error before anything loads when this machine lacks it."""
+    if value == "cpu":
+        return value  # always present: no need to import torch to know
+    from wanspec.models.lm import resolve_device
+
+    try:
+        resolve_device(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err), ctx=ctx, param=param) from err
+    return value
+
+
 def loading_options(f: Any) -> Any:
-    """--dtype and --invariant, for every command that loads a model (`wanspec serve`,
-    `generate`, `demo`, `edge`); `loading_kwargs` turns them into `load_model`'s arguments."""
+    """--dtype, --invariant and --device, for every command that loads a model (`wanspec serve`,
+    `generate`, `demo`, `edge`, `bench`); `loading_kwargs` turns them into `load_model`'s
+    arguments."""
+    f = click.option(
+        "--device",
+        default="cpu",
+        show_default=True,
+        callback=_checked_device,
+        metavar="DEVICE",
+        help="Where the models' weights and KV caches live: cpu, cuda, cuda:N or mps.",
+    )(f)
     f = click.option(
         "--invariant/--no-invariant",
         default=None,
@@ -37,12 +59,13 @@ def loading_options(f: Any) -> Any:
     )(f)
 
 
-def loading_kwargs(dtype: str, invariant: bool | None) -> dict[str, Any]:
-    """`load_model` / `load_pair` keyword arguments for the given --dtype and --invariant (the
-    models themselves decide what None means and refuse a 16-bit dtype without invariance)."""
+def loading_kwargs(dtype: str, invariant: bool | None, device: str = "cpu") -> dict[str, Any]:
+    """`load_model` / `load_pair` keyword arguments for the given --dtype, --invariant and
+    --device (the models themselves decide what None means and refuse a 16-bit dtype without
+    invariance)."""
     import torch
 
-    return {"dtype": getattr(torch, dtype), "invariant": invariant}
+    return {"dtype": getattr(torch, dtype), "invariant": invariant, "device": device}
 
 
 @click.group("models")

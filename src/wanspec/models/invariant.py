@@ -69,12 +69,15 @@ class InvariantLinear(torch.nn.Linear):
         return out.reshape(*x.shape[:-1], self.weight.shape[0])
 
 
-def _visible_bias(mask: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Tensor:
+def _visible_bias(
+    mask: torch.Tensor | None, q_len: int, kv_len: int, device: torch.device
+) -> torch.Tensor:
     """Additive float32 bias [b|1, h|1, q, kv]: 0 where a query sees a key, -inf (or the mask's
-    own very negative value) where not. No mask means causal behind the cache."""
+    own very negative value) where not. No mask means causal behind the cache, built on
+    `device` (the queries')."""
     if mask is None:
-        keys = torch.arange(kv_len)[None, :]
-        queries = torch.arange(q_len)[:, None] + (kv_len - q_len)
+        keys = torch.arange(kv_len, device=device)[None, :]
+        queries = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
         mask = (keys <= queries)[None, None]
     mask = mask[..., :kv_len]
     if mask.dtype == torch.bool:
@@ -82,10 +85,12 @@ def _visible_bias(mask: torch.Tensor | None, q_len: int, kv_len: int) -> torch.T
     return mask.float()
 
 
-def _blocked_bias(mask: torch.Tensor | None, q_len: int, kv_len: int) -> torch.Tensor:
+def _blocked_bias(
+    mask: torch.Tensor | None, q_len: int, kv_len: int, device: torch.device
+) -> torch.Tensor:
     """The bias laid out like the blocked scores [b, h, n_query_chunks, n_key_blocks, R, B];
     padded keys are invisible, padded queries see everything (their rows are dropped)."""
-    bias = _pad_rows(_visible_bias(mask, q_len, kv_len), KEY_BLOCK, 3, -math.inf)
+    bias = _pad_rows(_visible_bias(mask, q_len, kv_len, device), KEY_BLOCK, 3, -math.inf)
     bias = _pad_rows(bias, QUERY_CHUNK, 2, 0.0)
     nq, nk = bias.shape[2] // QUERY_CHUNK, bias.shape[3] // KEY_BLOCK
     return bias.reshape(*bias.shape[:2], nq, QUERY_CHUNK, nk, KEY_BLOCK).transpose(3, 4)
@@ -126,7 +131,7 @@ def invariant_attention(
     scores = torch.matmul(q, k.transpose(-1, -2)) * scaling  # [b, h, nq, nk, R, B]
     if softcap is not None:
         scores = torch.tanh(scores / softcap) * softcap
-    scores = scores + _blocked_bias(attention_mask, q_len, key.shape[2])
+    scores = scores + _blocked_bias(attention_mask, q_len, key.shape[2], query.device)
     top = scores.amax(dim=(3, 5), keepdim=True)  # exact: a maximum has no summation order
     weighted = torch.matmul(torch.exp(scores - top), v)  # [b, h, nq, nk, R, d + 1]
     total = weighted[:, :, :, 0]

@@ -4,7 +4,8 @@ A protocol machine never touches a model: it returns a job (what to compute) and
 the result. Jobs are frozen, picklable dataclasses, so a driver can run them on an executor
 thread, in another process, or batch them with other sessions' jobs, and the machine's output
 for a seed cannot depend on when or where they ran. The result of every forward-like job is a
-float32 logits tensor [rows, V]; a job that only rearranges the cache returns None.
+float32 CPU logits tensor [rows, V] of its own, whatever device the model computes on (only
+those rows leave the device); a job that only rearranges the cache returns None.
 
 `ComputeCost` is what a job costs in the simulator's terms (see `wanspec.sim.profiles`).
 """
@@ -136,8 +137,7 @@ def run_job(session: LanguageModel, job: Job) -> Any:
     """Carry out `job` on one KV-cache session; the only place a protocol's jobs touch a model."""
     if isinstance(job, Forward):
         _roll_back(session, job.keep)
-        logits = session.extend(list(job.tokens))
-        return logits[len(job.tokens) - job.rows :].clone()
+        return session.extend(list(job.tokens), rows=job.rows)
     if isinstance(job, TreeForward):
         return session.tree_forward(list(job.tokens), list(job.parents))
     if isinstance(job, KeepTreePath):
@@ -147,8 +147,8 @@ def run_job(session: LanguageModel, job: Job) -> Any:
         return session.embed(list(job.ids))  # type: ignore[attr-defined]
     if isinstance(job, ForwardEmbeddings):
         _roll_back(session, job.keep)
-        rows = torch.from_numpy(np.asarray(job.rows, dtype=np.float32))
-        return session.extend_embeddings(rows)[-1:].clone()  # type: ignore[attr-defined]
+        activations = torch.from_numpy(np.asarray(job.rows, dtype=np.float32))
+        return session.extend_embeddings(activations, rows=1)  # type: ignore[attr-defined]
     raise TypeError(f"not a model job: {job!r}")
 
 
@@ -173,9 +173,11 @@ def run_jobs_batched(work: Sequence[tuple[LanguageModel, Job]]) -> list[Any]:
     for session, job in forwards:
         session._check_tokens(job.tokens, "tokens")
         _roll_back(session, job.keep)
-    logits = batched_extend([s for s, _ in forwards], [job.tokens for _, job in forwards])
-    for i, (_, job), rows in zip(batch, forwards, logits, strict=True):
-        results[i] = rows[len(job.tokens) - job.rows :].clone()
+    logits = batched_extend(
+        [s for s, _ in forwards], [job.tokens for _, job in forwards], [j.rows for _, j in forwards]
+    )
+    for i, rows in zip(batch, logits, strict=True):
+        results[i] = rows
     return results
 
 

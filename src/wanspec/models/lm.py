@@ -10,6 +10,10 @@ a second call continues at n and may attach to any earlier node. A negative pare
 a root to the cached token at position `length - k` (so `-1` is the last cached token); the node
 then sees the cache only up to that token. This lets a drafter grow a tree depth by depth and
 branch off any point of an already cached main chain.
+
+Weights and KV caches live on the model's device (`load_model(device=...)`: cpu, cuda, cuda:N,
+mps); every input a pass needs is created there, and only the logits rows a caller asked for come
+back, once, as float32 CPU tensors: the form the protocols receive, whatever the device and dtype.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer, DynamicCache, PreTrainedModel
 
 DEFAULT_THREADS = 2
+DEVICE_TYPES = ("cpu", "cuda", "mps")
 _WINDOWED_TYPES = {"sliding_attention"}
 _FULL_TYPES = {"full_attention"}
 
@@ -47,10 +52,74 @@ def default_threads() -> int:
     return int(value)
 
 
+def available_devices() -> list[str]:
+    """The devices a model can be loaded on here, spelled as `load_model(device=...)` takes them."""
+    found = ["cpu"]
+    if torch.cuda.is_available():
+        found += [f"cuda:{i}" for i in range(torch.cuda.device_count())]
+    mps = getattr(torch.backends, "mps", None)
+    if mps is not None and mps.is_available():
+        found.append("mps")
+    return found
+
+
+def resolve_device(device: str | torch.device | None) -> torch.device:
+    """`device` ("cpu", "cuda", "cuda:N", "mps"; None means cpu) as a torch device present here.
+
+    Checked before any weights are read, so a misspelt or absent device is one ValueError that
+    names it and what this machine has, not a torch error from deep inside the first pass.
+    "cuda" alone is the current CUDA device (cuda:0 unless CUDA_VISIBLE_DEVICES says otherwise).
+    """
+    if device is None:
+        return torch.device("cpu")
+    here = ", ".join(available_devices())
+    expected = f"expected one of cpu, cuda, cuda:N, mps (available here: {here})"
+    if not isinstance(device, str | torch.device):
+        raise ValueError(f"device must be a string such as 'cpu' or 'cuda:0', got {device!r}")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ValueError(f"unknown device {str(device)!r}: {expected}") from None
+    if resolved.type not in DEVICE_TYPES:
+        raise ValueError(f"unsupported device {str(device)!r}: {expected}")
+    if resolved.type == "cpu":
+        return torch.device("cpu")
+    if resolved.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if not count:
+            why = "sees no CUDA GPU" if torch.version.cuda else "is a build without CUDA"
+            raise ValueError(
+                f"device {str(device)!r} is not available: torch {torch.__version__} {why} "
+                f"(available here: {here})"
+            )
+        index = torch.cuda.current_device() if resolved.index is None else resolved.index
+        if index >= count:
+            raise ValueError(
+                f"device {str(device)!r} is not available: this machine has {count} CUDA "
+                f"GPU(s), cuda:0..cuda:{count - 1} (available here: {here})"
+            )
+        return torch.device("cuda", index)
+    if "mps" not in available_devices():
+        raise ValueError(
+            f"device {str(device)!r} is not available: torch {torch.__version__} has no usable "
+            f"Apple-silicon GPU here (available here: {here})"
+        )
+    return torch.device("mps")
+
+
+def to_host(rows: torch.Tensor) -> torch.Tensor:
+    """`rows` as a float32 CPU tensor of its own: the one copy (on an accelerator, the one
+    transfer) of a pass's result, never a view, so it does not keep a pass's logits alive."""
+    return rows.to(device="cpu", dtype=torch.float32, copy=True)
+
+
 class LanguageModel(ABC):
-    """KV-cached causal LM over one sequence (the batch dimension is kept, fixed at 1)."""
+    """KV-cached causal LM over one sequence (the batch dimension is kept, fixed at 1).
+
+    Results are float32 CPU tensors whatever `device` the model computes on."""
 
     name: str
+    device: torch.device = torch.device("cpu")
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     tokenizer: Any
@@ -67,8 +136,11 @@ class LanguageModel(ABC):
         """Tree nodes appended by `tree_forward` and not yet kept or dropped."""
 
     @abstractmethod
-    def extend(self, ids: Sequence[int]) -> torch.Tensor:
-        """Append `ids`; float32 logits [n, V], row i predicting the token after ids[i]."""
+    def extend(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
+        """Append `ids`; float32 logits [n, V], row i predicting the token after ids[i].
+
+        `rows`: only the last `rows` of those (a prefill's decision needs its last row alone,
+        and the others are never copied off the device)."""
 
     @abstractmethod
     def truncate(self, length: int) -> None:
@@ -86,6 +158,15 @@ class LanguageModel(ABC):
         re-rooted: its nodes are renumbered 0.. in their old order and the former children of
         the last node hang at the end of the cache, so drafting can go on from a cached branch
         without recomputing the sub-branches already drafted below it."""
+
+    @staticmethod
+    def _check_rows(rows: int | None, n: int) -> int:
+        """How many trailing logits rows `extend` returns: `rows`, or all n for None."""
+        if rows is None:
+            return n
+        if isinstance(rows, bool) or not isinstance(rows, int) or not 0 <= rows <= n:
+            raise ValueError(f"rows must be an int in [0, {n}] for {n} new tokens, got {rows!r}")
+        return rows
 
     def _check_tokens(self, ids: Sequence[int], what: str) -> list[int]:
         """Token ids as ints, each within the logits width (one check for every backend)."""
@@ -118,10 +199,10 @@ class LanguageModel(ABC):
     def _clear_state(self) -> None:
         """Start this object's sequence state afresh (called on a shallow copy)."""
 
-    def prefill(self, ids: Sequence[int]) -> torch.Tensor:
-        """`reset()` then `extend(ids)`."""
+    def prefill(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
+        """`reset()` then `extend(ids, rows)`."""
         self.reset()
-        return self.extend(ids)
+        return self.extend(ids, rows)
 
 
 @dataclass
@@ -191,18 +272,21 @@ def tree_bias(
     ancestors: np.ndarray,
     window: int | None,
     dtype: torch.dtype,
+    device: torch.device | None = None,
 ) -> torch.Tensor:
-    """Additive attention bias [1, 1, n, length + T] for n new tree nodes.
+    """Additive attention bias [1, 1, n, length + T] for n new tree nodes, on `device`.
 
     A query sees cache slots up to its root's `attach` position and the tree slots marked in its
     `ancestors` row (itself included); a window W also hides keys W or more positions back.
+    Only the boolean mask crosses to the device; the bias is filled there.
     """
     cache_visible = np.arange(length)[None, :] <= attach[:, None]
     visible = np.concatenate([cache_visible, ancestors], axis=1)
     if window is not None:
         visible &= (query_positions[:, None] - key_positions[None, :]) < window
-    bias = torch.zeros(visible.shape, dtype=dtype)
-    bias.masked_fill_(torch.from_numpy(~visible), torch.finfo(dtype).min)
+    hidden = torch.from_numpy(~visible).to(device)
+    bias = torch.zeros(visible.shape, dtype=dtype, device=device)
+    bias.masked_fill_(hidden, torch.finfo(dtype).min)
     return bias[None, None]
 
 
@@ -210,7 +294,8 @@ class HFLanguageModel(LanguageModel):
     """`LanguageModel` over a transformers causal LM with a `DynamicCache` of full layers.
 
     Every layer keeps all of its keys (no sliding-window eviction), so rollback and compaction are
-    plain tensor slicing; sliding-window layers get their window through the attention mask.
+    plain tensor slicing; sliding-window layers get their window through the attention mask. The
+    cache lives on the weights' `device`, where every pass's inputs are built.
     """
 
     def __init__(self, model: PreTrainedModel, tokenizer: Any, name: str) -> None:
@@ -218,7 +303,8 @@ class HFLanguageModel(LanguageModel):
         self.config = model.config
         self.tokenizer = tokenizer
         self.name = name
-        self.dtype = next(model.parameters()).dtype
+        first = next(model.parameters())
+        self.dtype, self.device = first.dtype, first.device
         self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
         self.eos_token_ids = _eos_token_ids(model, tokenizer)
         self._windows = _layer_windows(model.config)
@@ -237,12 +323,15 @@ class HFLanguageModel(LanguageModel):
         folders that agree on these are, for the handshake's purpose, the same model."""
         digest = hashlib.sha256(self.config.to_json_string(use_diff=False).encode())
         digest.update(str(self.dtype).encode())
-        head = self.model.get_output_embeddings().weight[:64].detach().float().contiguous()
-        digest.update(head.numpy().tobytes())
+        head = to_host(self.model.get_output_embeddings().weight[:64].detach())
+        digest.update(head.numpy().tobytes())  # the same bytes on every device
         return digest.hexdigest()
 
     def __repr__(self) -> str:
-        return f"HFLanguageModel({self.name!r}, length={self._length}, dtype={self.dtype})"
+        return (
+            f"HFLanguageModel({self.name!r}, length={self._length}, dtype={self.dtype}, "
+            f"device={self.device})"
+        )
 
     @property
     def length(self) -> int:
@@ -253,8 +342,9 @@ class HFLanguageModel(LanguageModel):
         return len(self._tree)
 
     @torch.inference_mode()
-    def extend(self, ids: Sequence[int]) -> torch.Tensor:
+    def extend(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
         ids = self._check_tokens(ids, "ids")
+        rows = self._check_rows(rows, len(ids))
         if len(self._tree):
             raise RuntimeError(
                 "tree nodes are pending: call keep_tree_path() or truncate() before extend()"
@@ -262,19 +352,20 @@ class HFLanguageModel(LanguageModel):
         if not ids:
             return torch.empty((0, self.vocab_size), dtype=torch.float32)
         positions = list(range(self._length, self._length + len(ids)))
-        logits = self._forward(ids, positions, mask=None)
+        logits = self._forward(ids, positions, mask=None, rows=rows)
         self._length += len(ids)
         return logits
 
     @torch.inference_mode()
     def embed(self, ids: Sequence[int]) -> torch.Tensor:
-        """Input embeddings [n, hidden] of `ids`: what the first split point of split inference
-        sends (the activations entering layer 0)."""
+        """Input embeddings [n, hidden] of `ids` (float32, CPU): what the first split point of
+        split inference sends (the activations entering layer 0)."""
         ids = self._check_tokens(ids, "ids")
-        return self.model.get_input_embeddings()(torch.tensor([ids]))[0].float()
+        table = self.model.get_input_embeddings()
+        return to_host(table(torch.tensor([ids], device=self.device))[0])
 
     @torch.inference_mode()
-    def extend_embeddings(self, embeddings: torch.Tensor) -> torch.Tensor:
+    def extend_embeddings(self, embeddings: torch.Tensor, rows: int | None = None) -> torch.Tensor:
         """`extend` from activations instead of ids (split inference's cloud half)."""
         if len(self._tree):
             raise RuntimeError("tree nodes are pending: keep or drop them first")
@@ -282,15 +373,16 @@ class HFLanguageModel(LanguageModel):
         if embeddings.ndim != 2 or embeddings.shape[1] != hidden:
             raise ValueError(f"embeddings must be [n, {hidden}], got {tuple(embeddings.shape)}")
         n = embeddings.shape[0]
+        rows = self._check_rows(rows, n)
         positions = list(range(self._length, self._length + n))
         out = self.model(
-            inputs_embeds=embeddings.to(self.dtype)[None],
-            position_ids=torch.tensor([positions]),
+            inputs_embeds=embeddings.to(device=self.device, dtype=self.dtype)[None],
+            position_ids=torch.tensor([positions], device=self.device),
             use_cache=True,
             **{self._cache_kwarg: self._cache},
         )
         self._length += n
-        return out.logits[0].float()
+        return to_host(out.logits[0, n - rows :])
 
     @torch.inference_mode()
     def truncate(self, length: int) -> None:
@@ -312,7 +404,7 @@ class HFLanguageModel(LanguageModel):
             return torch.empty((0, self.vocab_size), dtype=torch.float32)
         grown = self._grow_tree(tokens, parents)
         mask = self._tree_mask(grown, len(tokens))
-        logits = self._forward(tokens, grown.positions[-len(tokens) :], mask)
+        logits = self._forward(tokens, grown.positions[-len(tokens) :], mask, len(tokens))
         self._tree = grown
         return logits
 
@@ -329,7 +421,7 @@ class HFLanguageModel(LanguageModel):
         keep_prefix = tree.attach[nodes[0]] + 1
         below = _descendants(tree.ancestors, nodes[-1]) if keep_descendants else []
         slots = [*range(keep_prefix), *(self._length + n for n in [*nodes, *below])]
-        index = torch.tensor(slots)
+        index = torch.tensor(slots, device=self.device)
         for layer in self._layers():
             layer.keys = layer.keys.index_select(-2, index)
             layer.values = layer.values.index_select(-2, index)
@@ -387,7 +479,14 @@ class HFLanguageModel(LanguageModel):
         keys = np.concatenate([np.arange(self._length), positions])
         masks = {
             kind: tree_bias(
-                self._length, attach, keys, positions[-n:], tree.ancestors[-n:], window, self.dtype
+                self._length,
+                attach,
+                keys,
+                positions[-n:],
+                tree.ancestors[-n:],
+                window,
+                self.dtype,
+                self.device,
             )
             for kind, window in self._windows.items()
         }
@@ -398,15 +497,17 @@ class HFLanguageModel(LanguageModel):
         ids: list[int],
         positions: list[int],
         mask: torch.Tensor | dict[str, torch.Tensor] | None,
+        rows: int,
     ) -> torch.Tensor:
+        """One pass over `ids` at `positions`; the last `rows` logits rows, on the CPU."""
         out = self.model(
-            input_ids=torch.tensor([ids]),
-            position_ids=torch.tensor([positions]),
+            input_ids=torch.tensor([ids], device=self.device),
+            position_ids=torch.tensor([positions], device=self.device),
             attention_mask=mask,
             use_cache=True,
             **{self._cache_kwarg: self._cache},
         )
-        return out.logits[0].float()
+        return to_host(out.logits[0, len(ids) - rows :])
 
 
 class _SwappedLinear(torch.nn.Linear):
@@ -430,7 +531,8 @@ class _SwappedLinear(torch.nn.Linear):
 
 
 def use_swapped_linear(model: torch.nn.Module) -> int:
-    """Switch every fp32 CPU nn.Linear of `model` to `_SwappedLinear`; returns how many."""
+    """Switch every fp32 CPU nn.Linear of `model` to `_SwappedLinear`; returns how many (an
+    accelerator's own kernels need no such help, so its layers stay as they are)."""
     count = 0
     for module in model.modules():
         weight = getattr(module, "weight", None)
@@ -483,6 +585,7 @@ def load_model(
     attn_implementation: str = "sdpa",
     fast_linear: bool = True,
     invariant: bool | None = None,
+    device: str | torch.device | None = "cpu",
 ) -> HFLanguageModel:
     """Load a local Hugging Face folder (model + tokenizer) as a `LanguageModel`.
 
@@ -491,9 +594,13 @@ def load_model(
     `invariant` makes every pass pass-shape invariant (`wanspec.models.invariant`): a position's
     logits are bitwise the same in a one-token decode, a verification and a tree pass, at
     1.0-2x the CPU time per pass; it replaces `fast_linear`. None (default): on for a 16-bit
-    `dtype`, off for float32; False with a 16-bit dtype is a ValueError (`resolve_invariant`).
+    `dtype`, off for float32; False with a 16-bit dtype is a ValueError (`resolve_invariant`),
+    on any device. `device`: where the weights and KV caches live ("cpu", "cuda", "cuda:N",
+    "mps"); one not present here is a ValueError before anything is read (`resolve_device`).
+    Results still come back as float32 CPU tensors.
     """
     invariant = resolve_invariant(dtype, invariant)
+    where = resolve_device(device)
     folder = Path(path).expanduser()
     if not (folder / "config.json").is_file():
         raise FileNotFoundError(f"{folder} is not a Hugging Face model folder (no config.json)")
@@ -510,6 +617,7 @@ def load_model(
         attn_implementation=attn_implementation,
         local_files_only=True,
     )
+    model.to(where)  # before the linear swaps below, which look at where each weight lives
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
     if invariant:
         from wanspec.models.invariant import make_batch_invariant

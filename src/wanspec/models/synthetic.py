@@ -160,15 +160,17 @@ class SyntheticLM(LanguageModel):
             out[i] = _logits(self.spec.probs(context, self.role))
         return torch.from_numpy(out.astype(np.float32))
 
-    def extend(self, ids: Sequence[int]) -> torch.Tensor:
+    def extend(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
         ids = self._check_tokens(ids, "ids")
+        rows = self._check_rows(rows, len(ids))
         if self.pending_tree_size:
             raise RuntimeError(
                 "tree nodes are pending: call keep_tree_path() or truncate() before extend()"
             )
         start = len(self._ids)
         self._ids.extend(ids)
-        return self.rows([self._ids[: start + i + 1] for i in range(len(ids))])
+        first = len(ids) - rows
+        return self.rows([self._ids[: start + i + 1] for i in range(first, len(ids))])
 
     def truncate(self, length: int) -> None:
         if not isinstance(length, int) or not 0 <= length <= len(self._ids):

@@ -229,11 +229,20 @@ def load_edge(
     server: str,
     options: ClientOptions | None = None,
     draft_name: str = "",
+    *,
+    dtype: Any = None,
+    invariant: bool | None = None,
+    device: str | None = None,
+    threads: int | None = None,
 ) -> RemotePair:
-    """An edge for `server`: `draft` a loaded LanguageModel, `target_tokenizer` a tokenizer or a
-    registry name / folder (`qwen2.5`, `qwen2.5-coder-0.5b`, a Hugging Face folder). Asks the
-    server for its target's logits width and pins its model fingerprint."""
+    """An edge for `server`: `draft` a loaded LanguageModel or a registry name / folder (then
+    loaded here with `dtype` (default float32), `invariant`, `device` (default cpu) and
+    `threads`, as `load_model` takes them), `target_tokenizer` a tokenizer or a registry name /
+    folder (`qwen2.5`, `qwen2.5-coder-0.5b`, a Hugging Face folder). Asks the server for its
+    target's logits width and pins its model fingerprint. A loaded draft stays where it is: a
+    `device` other than its own is a ValueError."""
     options = options or ClientOptions()
+    draft, draft_name = _edge_draft(draft, draft_name, dtype, invariant, device, threads)
     if isinstance(target_tokenizer, str | Path):
         from wanspec.models.registry import load_tokenizer
 
@@ -254,6 +263,41 @@ def load_edge(
         draft_name=draft_name or getattr(draft, "name", ""),
         target_name=str(facts.get("target", "")),
     )
+
+
+def _edge_draft(
+    draft: Any,
+    name: str,
+    dtype: Any,
+    invariant: bool | None,
+    device: str | None,
+    threads: int | None,
+) -> tuple[Any, str]:
+    """`load_edge`'s draft as a loaded model and its name (see there)."""
+    import torch
+
+    from wanspec.models.lm import load_model, resolve_device
+
+    if hasattr(draft, "extend"):
+        where = getattr(draft, "device", torch.device("cpu"))
+        if device is not None and resolve_device(device) != where:
+            raise ValueError(
+                f"device={device!r} applies when loading: the draft is already loaded on "
+                f"{where}; pass its name or folder, or load it with that device"
+            )
+        if dtype is not None or invariant is not None:
+            raise ValueError("dtype= and invariant= apply when loading: pass a name or folder")
+        return draft, name
+    from wanspec.models.registry import resolve_model
+
+    loaded = load_model(
+        resolve_model(str(draft)),
+        dtype=torch.float32 if dtype is None else dtype,
+        threads=threads,
+        invariant=invariant,
+        device=device,
+    )
+    return loaded, name or str(draft)
 
 
 # ============================================================================ one request

@@ -9,6 +9,15 @@ message with the wire codec, charges its exact size to the link (edge→cloud on
 cloud→edge on the downlink) and delivers the DECODED message as `MessageReceived(msg)`, so the
 machines see exactly what a network peer would. Events are ordered by (virtual time, sequence
 number), so runs are deterministic for deterministic machines, profiles and link seeds.
+
+With `charge_cpu=True` the machines' own CPU takes virtual time too, as it does on real peers:
+each `handle(event)` call, the encoding of every message a side sends and the decoding of every
+message it receives are timed on this machine's wall clock (`time.perf_counter`) and charged to
+that side. A side's protocol CPU is one serial time line: an event that comes while it is still
+busy waits, and what a handler does (sends, jobs, emits, finishing) happens when its CPU time is
+over. The models run beside it (a job that runs is not slowed by a handler), as the network
+driver's event loop and model worker do; a job queued by a handler starts when the handler ends.
+Off by default: wall-clock readings would make the virtual times differ from run to run.
 """
 
 from __future__ import annotations
@@ -78,7 +87,10 @@ class TraceRecord:
 
 @dataclass
 class SimResult:
-    """Everything measured during one simulated request (times in virtual seconds)."""
+    """Everything measured during one simulated request (times in virtual seconds).
+
+    `protocol_cpu_s` / `codec_cpu_s`: per side, the machines' own CPU the run was charged
+    (handlers plus codec, and the codec's share of it), or None when it was not charged."""
 
     finish_reason: str
     duration_s: float
@@ -94,6 +106,8 @@ class SimResult:
     events: int
     cloud_finish: str | None = None
     trace: list[TraceRecord] | None = None
+    protocol_cpu_s: dict[Side, float] | None = None
+    codec_cpu_s: dict[Side, float] | None = None
 
     @property
     def tokens(self) -> list[int]:
@@ -134,6 +148,14 @@ class SimResult:
 
 
 @dataclass
+class _Cpu:
+    """The time line of a side's protocol CPU: when it is next free (virtual seconds). Sessions
+    on one server share the server's (its one event loop)."""
+
+    free_at: float = 0.0
+
+
+@dataclass
 class _Side:
     name: Side
     machine: StateMachine
@@ -147,6 +169,9 @@ class _Side:
     busy_s: float = 0.0
     by_tag: dict[str, float] = field(default_factory=dict)
     computes: int = 0
+    cpu: _Cpu = field(default_factory=_Cpu)
+    cpu_s: float = 0.0  # protocol CPU charged: handlers and codec
+    codec_s: float = 0.0  # its codec share
 
 
 def _as_bits(size: Any, msg: Any) -> int:
@@ -175,6 +200,7 @@ class _Simulation:
         executors: tuple[Executor, Executor],
         size_fn: SizeFn | None,
         trace: bool,
+        charge_cpu: bool = False,
     ) -> None:
         self.sides: dict[Side, _Side] = {
             "edge": _Side("edge", edge, profiles[0], link.channel("up"), executors[0]),
@@ -195,6 +221,8 @@ class _Simulation:
         self.messages_by_type: dict[str, int] = {}
         self.trace: list[TraceRecord] | None = [] if trace else None
         self.events = 0
+        self.charge_cpu = charge_cpu
+        self.decode_s: dict[int, float] = {}  # id(MessageReceived) -> its decoding's CPU
 
     # ------------------------------------------------------------------ event queue
     def push(self, t: float, side: Side, event: Event) -> None:
@@ -234,6 +262,9 @@ class _Simulation:
 
     # ------------------------------------------------------------------ one event
     def dispatch(self, side: _Side, event: Event) -> None:
+        if self.charge_cpu and side.cpu.free_at > self.now:
+            self.push(side.cpu.free_at, side.name, event)  # the side's CPU is busy until then
+            return
         if isinstance(event, ComputeDone):
             side.busy, side.running = False, None
             self.record(side.name, "compute_end", job_id=event.job_id)
@@ -243,19 +274,33 @@ class _Simulation:
                 return
         elif isinstance(event, MessageReceived):
             self.record(side.name, "recv", type=type(event.msg).__name__, msg=event.msg)
+        began = time.perf_counter()
         try:
             actions = side.machine.handle(event)
         except Exception as err:
             err.add_note(f"in {side.name}.handle({type(event).__name__}) at t={self.now:.6g} s")
             raise
+        if self.charge_cpu:
+            self.charge(side, time.perf_counter() - began)
+            if isinstance(event, MessageReceived):
+                decode_s = self.decode_s.pop(id(event), 0.0)
+                side.codec_s += decode_s
+                self.charge(side, decode_s)
         if not isinstance(actions, list | tuple):
             raise TypeError(
                 f"{side.name}.handle() must return a list of actions, got {type(actions).__name__}"
             )
         for action in actions:
             self.apply(side, action)
+        if self.charge_cpu:
+            side.cpu.free_at = self.now
         if self.finish is None:
             self.start_next_compute(side)
+
+    def charge(self, side: _Side, seconds: float) -> None:
+        """`seconds` of `side`'s protocol CPU: what it does next happens that much later."""
+        side.cpu_s += seconds
+        self.now += seconds
 
     def apply(self, side: _Side, action: Any) -> None:
         if isinstance(action, Send):
@@ -286,11 +331,17 @@ class _Simulation:
         self.record(side.name, "cancel", job_id=job_id)
 
     def send(self, side: _Side, msg: Any) -> None:
-        sent = msg
+        sent, decode_s = msg, 0.0
         if self.codec is not None:
             encode, decode = self.codec
+            began = time.perf_counter()
             data = encode(msg)
+            encoded = time.perf_counter()
             size, msg = 8 * len(data), decode(data)
+            decode_s = time.perf_counter() - encoded
+            if self.charge_cpu:  # encoding is the sender's CPU, decoding the receiver's
+                side.codec_s += encoded - began
+                self.charge(side, encoded - began)
         else:
             size = _as_bits(self.size_fn(msg), msg)
         direction = _DIRECTION[side.name]
@@ -310,7 +361,10 @@ class _Simulation:
             retries=tx.retries,
             msg=sent,
         )
-        self.push(tx.arrival, _OTHER[side.name], MessageReceived(msg, tx.arrival))
+        received = MessageReceived(msg, tx.arrival)
+        if self.charge_cpu and decode_s:
+            self.decode_s[id(received)] = decode_s
+        self.push(tx.arrival, _OTHER[side.name], received)
 
     def start_next_compute(self, side: _Side) -> None:
         if side.busy or not side.queue:
@@ -355,7 +409,14 @@ class _Simulation:
             events=self.events,
             cloud_finish=self.cloud_finish,
             trace=self.trace,
+            protocol_cpu_s=self.cpu_seconds("cpu_s"),
+            codec_cpu_s=self.cpu_seconds("codec_s"),
         )
+
+    def cpu_seconds(self, what: str) -> dict[Side, float] | None:
+        if not self.charge_cpu:
+            return None
+        return {name: getattr(s, what) for name, s in self.sides.items()}
 
 
 def simulate(
@@ -371,13 +432,17 @@ def simulate(
     max_time: float = 1e5,
     max_events: int = 1_000_000,
     trace: bool = False,
+    charge_cpu: bool = False,
 ) -> SimResult:
     """Run one request to the edge's `Finish` and return its timings and traffic.
 
     `Start()` goes to the cloud, then the edge, at t=0. Each side's jobs run on its executor
     (`wanspec.models.jobs.session_executor(model)`). Messages travel through the wire codec; a
     `size_fn(msg)` (bits) instead passes message objects as they are (toy machines in tests).
-    Profiles may be given by name (see `wanspec.sim.profiles.load_profile`). Raises
+    Profiles may be given by name (see `wanspec.sim.profiles.load_profile`). `charge_cpu`: also
+    charge each side's measured protocol CPU (its handlers, encoding what it sends and decoding
+    what it receives) on the virtual clock, as real peers pay it (see the module's docstring);
+    the result's `protocol_cpu_s` says how much. Raises
     SimulationDeadlock if everything goes idle before Finish, SimulationTimeout past max_time
     virtual seconds or max_events events.
     """
@@ -396,6 +461,7 @@ def simulate(
         (edge_executor, cloud_executor),
         size_fn,
         trace,
+        charge_cpu,
     )
     sim.run(max_time, max_events)
     return sim.result()

@@ -14,6 +14,9 @@ Nothing here knows a protocol: each session is `wanspec.sim.driver`'s per-reques
 and its cloud compute handed to the shared accelerator. Machines' outputs do not depend on
 timing, so a session's tokens for a seed are those it gets alone; with one session, or with
 sessions that never overlap, every time equals `simulate`'s.
+
+With `charge_cpu=True` each side's protocol CPU is charged as `simulate` charges it; the cloud
+sides of all sessions share one CPU time line, as a server's sessions share its one event loop.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from wanspec.sim.driver import (
     SimulationTimeout,
     SizeFn,
     TraceRecord,
+    _Cpu,
     _Side,
     _Simulation,
 )
@@ -123,11 +127,15 @@ class _Session(_Simulation):
         cloud: _SharedCloud,
         size_fn: SizeFn | None,
         trace: bool,
+        charge_cpu: bool = False,
     ) -> None:
         self.price = _PassPrice(cloud.profile)
         profiles = (load_profile(spec.edge_profile), self.price)
         executors = (spec.edge_executor, spec.cloud_executor)
-        super().__init__(spec.edge, spec.cloud, spec.link, profiles, executors, size_fn, trace)
+        super().__init__(
+            spec.edge, spec.cloud, spec.link, profiles, executors, size_fn, trace, charge_cpu
+        )
+        self.sides["cloud"].cpu = cloud.cpu
         self.index, self.shared, self.start_s = index, cloud, spec.start_s
         self.queued_at: dict[int, float] = {}  # cloud job id -> when it was asked for
 
@@ -141,7 +149,7 @@ class _Session(_Simulation):
 
     def start_next_compute(self, side: _Side) -> None:
         if side.name == "cloud":
-            self.shared.want_pass()
+            self.shared.want_pass(self.now)
         else:
             super().start_next_compute(side)
 
@@ -150,8 +158,11 @@ class _Session(_Simulation):
         return self.sides["cloud"]
 
     def waiting(self) -> bool:
-        """A cloud job is queued and this session's previous one is done."""
-        return self.finish is None and not self.cloud.busy and bool(self.cloud.queue)
+        """A cloud job is queued (by now: a handler charged CPU time queues it when it ends) and
+        this session's previous one is done."""
+        if self.finish is not None or self.cloud.busy or not self.cloud.queue:
+            return False
+        return self.queued_at[self.cloud.queue[0].job_id] <= self.shared.now
 
     def next_cost(self) -> ComputeCost:
         return self.cloud.queue[0].cost
@@ -192,6 +203,10 @@ class _PassEnd:
     """A pass is over; pushed after its sessions' `ComputeDone`s, so they are handled first."""
 
 
+class _LateKick:
+    """A job was queued at the end of a handler charged CPU time: look for it then."""
+
+
 class _SharedCloud:
     """The shared clock, event queue and accelerator of all sessions."""
 
@@ -203,13 +218,16 @@ class _SharedCloud:
         self.now = 0.0
         self.in_pass = self.kick_due = False
         self.passes: list[BatchPass] = []
+        self.cpu = _Cpu()  # the server's event loop: every session's cloud handlers
 
     def push(self, t: float, index: int, side: Side, event: Any) -> None:
         heapq.heappush(self.heap, _Entry(t, self.seq, index, side, event))
         self.seq += 1
 
-    def want_pass(self) -> None:
-        if not self.in_pass and not self.kick_due:
+    def want_pass(self, t: float) -> None:
+        if t > self.now:  # queued at the end of a charged handler
+            self.push(t, _CLOUD_WIDE, "cloud", _LateKick())
+        elif not self.in_pass and not self.kick_due:
             self.kick_due = True
             self.push(self.now, _CLOUD_WIDE, "cloud", _Kick())
 
@@ -240,7 +258,7 @@ class _SharedCloud:
         if entry.index == _CLOUD_WIDE:
             if isinstance(entry.event, _Kick):
                 self.kick_due = False
-            else:
+            elif isinstance(entry.event, _PassEnd):
                 self.in_pass = False
             self.start_pass()
             return
@@ -299,13 +317,15 @@ def simulate_many(
     max_time: float = 1e5,
     max_events: int = 10_000_000,
     trace: bool = False,
+    charge_cpu: bool = False,
 ) -> ManyResult:
     """Run every session to its edge's `Finish` on one shared cloud accelerator.
 
     Each session is what `simulate(edge, cloud, link, edge_profile, cloud_profile, ...)` would run
     alone; `start_s` staggers their starts. Several sessions need a cloud profile that prices a
-    batched pass (a table profile; "measured" prices only what it measures). Raises as
-    `simulate` does: SimulationDeadlock, SimulationTimeout.
+    batched pass (a table profile; "measured" prices only what it measures). `charge_cpu`
+    charges the machines' protocol CPU as `simulate` does, the sessions' cloud handlers on one
+    shared time line. Raises as `simulate` does: SimulationDeadlock, SimulationTimeout.
     """
     if not sessions:
         raise ValueError("simulate_many needs at least one session")
@@ -319,7 +339,7 @@ def simulate_many(
     cloud = _SharedCloud(profile, max_batch_tokens)
     for i, spec in enumerate(sessions):
         _check_session(i, spec)
-        cloud.sessions.append(_Session(i, spec, cloud, size_fn, trace))
+        cloud.sessions.append(_Session(i, spec, cloud, size_fn, trace, charge_cpu))
     cloud.run(max_time, max_events)
     results = [s.own_clock() for s in cloud.sessions]
     return ManyResult(results, [s.start_s for s in cloud.sessions], cloud.passes, cloud.events)
