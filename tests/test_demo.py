@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from wanspec.bench.demo import run_demo
+from wanspec.bench.demo import run_demo, run_shared_win
 from wanspec.sim import Link
 
 
@@ -53,3 +53,24 @@ def test_demo_runs_every_method_over_tcp_and_greedy_agrees(
 def test_the_demo_needs_ar_first_as_its_baseline() -> None:
     with pytest.raises(ValueError, match="list it first"):
         run_demo(target="x", draft="y", prompt="p", max_new_tokens=1, link=None, methods=("sd",))
+
+
+def test_the_shared_win_runs_ar_and_sd_over_tcp_with_the_same_text(
+    tiny_pair_shared, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The demo's last part: ar, then sd at γ = 3, each through a real server and WAN proxy;
+    the speed-up is sd's measured rate over ar's (its value is a benchmark, not a test)."""
+    monkeypatch.setenv("WANSPEC_THREADS", "1")
+    draft, target = tiny_pair_shared
+    lines: list[str] = []
+    got = run_shared_win(
+        target=str(target), draft=str(draft), prompt="hello", max_new_tokens=6, echo=lines.append
+    )
+    assert got["same_text"] and got["ar"]["new_tokens"] == got["sd"]["new_tokens"] == 6
+    assert got["ar"]["clock"] == got["sd"]["clock"] == "wall"
+    sd = got["sd"]  # γ = 3: three draft steps per round
+    assert sd["rounds"] >= 2 and sd["edge_computes"]["draft"] == 3 * sd["rounds"]
+    assert got["speedup"] == pytest.approx(got["sd"]["tokens_per_s"] / got["ar"]["tokens_per_s"])
+    assert lines[0].startswith("\nA real win") and "sd at γ = 3" in lines[0]
+    assert [line.split()[0] for line in lines[1:3]] == ["ar", "sd"]
+    assert lines[-1].strip().startswith("sd / ar = ") and "same text" in lines[-1]

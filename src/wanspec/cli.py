@@ -330,6 +330,13 @@ def _generate_remote(
     metavar="M1,M2,…",
     help="Methods to run, 'ar' first [ar,naive,xcosd,xcosd-e; +sd for a shared vocabulary].",
 )
+@click.option(
+    "--shared-win/--no-shared-win",
+    default=True,
+    show_default=True,
+    help="Then run ar and sd (γ=3) over TCP on Qwen2.5-Coder 0.5B → 1.5B at a 10 ms RTT, the "
+    "setting where speculation beats the target alone on a small CPU.",
+)
 @loading_options
 @_link_options
 def demo(
@@ -340,6 +347,7 @@ def demo(
     edge_profile: str,
     cloud_profile: str,
     methods: str | None,
+    shared_win: bool,
     dtype: str,
     invariant: bool | None,
     device: str,
@@ -348,8 +356,8 @@ def demo(
 ) -> None:
     """The main job on the bundled pair: a server, a WAN proxy and the edge on this machine, a
     few methods over real TCP on one prompt, beside the simulator's projection of the same runs
-    on an edge device and a data-centre GPU."""
-    from wanspec.bench.demo import run_demo
+    on an edge device and a data-centre GPU; then the shared pair's real win (`--shared-win`)."""
+    from wanspec.bench.demo import run_demo, run_shared_win
 
     try:
         run_demo(
@@ -364,6 +372,10 @@ def demo(
             echo=click.echo,
             **loading_kwargs(dtype, invariant, device),
         )
+        if shared_win:
+            run_shared_win(
+                prompt=prompt, max_new_tokens=max_new_tokens, echo=click.echo, device=device
+            )
     except _user_errors() as err:
         raise click.ClickException(str(err)) from err
 
