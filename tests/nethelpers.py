@@ -1,14 +1,18 @@
 """Loopback helpers for the wanspec.net tests: bounded event-loop runs and small TCP servers.
 
 Every test drives its scenario through `run`, so a hang fails the test after `timeout_s`
-instead of stalling the suite. Servers listen on 127.0.0.1 with an ephemeral port.
+instead of stalling the suite. Servers listen on 127.0.0.1 with an ephemeral port (port 0), and
+a port meant to refuse connections stays reserved while it is used (`refusing_port`): test
+files run side by side on xdist workers, and a port number read once and let go can be taken
+by another worker's server in between.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
-from contextlib import asynccontextmanager
+import socket
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Iterator
+from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None] | None]
@@ -18,6 +22,15 @@ Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 def run(scenario: Coroutine[Any, Any, Any], timeout_s: float = 10.0) -> Any:
     """Run one scenario on a fresh event loop, failing with TimeoutError after `timeout_s`."""
     return asyncio.run(asyncio.wait_for(scenario, timeout_s))
+
+
+@contextmanager
+def refusing_port() -> Iterator[int]:
+    """A loopback port where nothing listens, for as long as the block lasts: it is bound but
+    never listening, so a connection to it is refused and no other process can take it."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        yield sock.getsockname()[1]
 
 
 @asynccontextmanager

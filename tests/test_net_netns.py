@@ -26,8 +26,11 @@ from wanspec.net.segments import HEADER_BYTES, MSS
 pytestmark = pytest.mark.slow
 
 PROBE = str(Path(__file__).with_name("netns_probe.py"))
-TAG = f"ws{os.getpid() % 100000}"
-CLOUD, EDGE = f"{TAG}c", f"{TAG}e"  # namespace names, also the veth ends' (<= 15 chars)
+# namespace names, also the veth ends' (<= 15 chars), unique to this process (a pid has at most
+# 7 digits): two test runs or xdist workers never share one. The addresses live inside the
+# namespaces, so they may repeat.
+TAG = f"ws{os.getpid()}"
+CLOUD, EDGE = f"{TAG}c", f"{TAG}e"
 CLOUD_IP, EDGE_IP = "10.77.0.1", "10.77.0.2"
 UP_RATE = 2e6  # edge→cloud tbf rate, bits/s; tbf counts Ethernet, IP and TCP headers, so
 GOODPUT = UP_RATE * MSS / (MSS + HEADER_BYTES + 14)  # the payload rate is ~4% lower
@@ -83,8 +86,9 @@ def _start(ns: str, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(_in(ns, sys.executable, *args), stdout=subprocess.PIPE, text=True)
 
 
-def _line(proc: subprocess.Popen[str], timeout_s: float = 20.0) -> str:
-    """The next line the process prints, failing instead of hanging past `timeout_s`."""
+def _line(proc: subprocess.Popen[str], timeout_s: float = 120.0) -> str:
+    """The next line the process prints, failing instead of hanging past `timeout_s` (a guard
+    only: `wanspec wan-proxy` imports the whole CLI first, 10 s here, more on a loaded machine)."""
     assert proc.stdout is not None
     ready, _, _ = select.select([proc.stdout], [], [], timeout_s)
     assert ready, f"no output from {proc.args} within {timeout_s} s"

@@ -196,8 +196,12 @@ def test_accepted_per_round_follows_the_geometric_law(method: str) -> None:
 
 def test_requested_o_sample_path_keeps_the_target_law() -> None:
     """HR without the piggybacked O-sample: the edge asks for it (ResampleRequest) when it picks
-    region O; the first token's law must still be the target's (5 outcomes, E[TV] ≈ 0.02)."""
-    world, samples = World(shared=False), 1500
+    region O; the first token's law must still be the target's. That law is enumerated exactly
+    (tests/test_protocols_exact_law.py, `piggyback=False`); here the request path runs on the
+    real random streams (about 2 runs in 3 ask) and a gross error shows: 500 runs keep the TV of
+    a correct law (5 outcomes) under 0.095 with probability 1 − 10⁻⁴ (simulated draws), so a
+    law at TV ≥ 0.2 from the target's fails the bound 0.1 with the same odds."""
+    world, samples = World(shared=False), 500
     law = world.exact_joint(1, temperature=1.5)
     emp: Counter = Counter()
     requests = 0
@@ -210,4 +214,4 @@ def test_requested_o_sample_path_keeps_the_target_law() -> None:
     assert requests >= 15  # the request path really ran
     assert set(emp) <= set(law)
     tv = 0.5 * sum(abs(emp[k] / samples - law.get(k, 0.0)) for k in set(emp) | set(law))
-    assert tv < 0.05
+    assert tv < 0.1

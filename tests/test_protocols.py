@@ -1,7 +1,7 @@
 """Protocols end to end on the simulator: exactness, bit accounting, determinism, bad input.
 
 Statistical tests use the synthetic models (cheap forwards, small supports) with real tiny
-tokenizers for the vocabulary alignment, so every method runs thousands of times in seconds.
+tokenizers for the vocabulary alignment, so every method runs hundreds of times in seconds.
 """
 
 from __future__ import annotations
@@ -44,8 +44,18 @@ def test_greedy_equals_target_greedy_hetero(hetero_world: World, method: str, ga
 
 
 # ----------------------------------------------------------------------------- sampling exactness
+# Seeded runs of each method against the enumerated law of the first two target tokens (25
+# outcomes), through the real random streams. The first token's law is proven exactly by
+# tests/test_protocols_exact_law.py and later positions by the pooled χ² tests of
+# tests/test_protocols_pooled_law.py (on models with one law after every context); what is left
+# here is a gross error at the second position of context-dependent models, such as q taken
+# after the wrong context (TV = 1 from the target's law on both worlds). Sized for that: the
+# TV of SAMPLES draws from the exact law stays under 0.127 with probability 1 − 10⁻⁴ (simulated
+# multinomial draws, both worlds; mean 0.074), so a correct method passes TV_BOUND with that
+# margin, and a law at TV ≥ 0.3 from the target's fails with the same odds.
 
-SAMPLES = 2500
+SAMPLES = 600
+TV_BOUND = 0.14
 
 
 def _empirical(world: World, method: str, n: int, **settings) -> Counter:
@@ -65,19 +75,22 @@ def _tv(empirical: Counter, law: dict) -> float:
     return 0.5 * sum(abs(empirical[k] / SAMPLES - law.get(k, 0.0)) for k in keys)
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("method", LOSSLESS_HETERO)
 def test_sampling_matches_enumerated_target_law_hetero(hetero_world: World, method: str) -> None:
     law = hetero_world.exact_joint(2)
     emp = _empirical(hetero_world, method, 2, gamma=2, srdv_k=1, srdv_m=1)
     assert set(emp) <= set(law)
-    assert _tv(emp, law) < 0.06  # 25 outcomes, 2500 samples: E[TV] ≈ 0.03
+    assert _tv(emp, law) < TV_BOUND
 
 
+@pytest.mark.statistical
 @pytest.mark.parametrize("method", ["sd", "cosd", "xcosd", "xcosd-e", "acespec"])
 def test_sampling_matches_enumerated_target_law_shared(shared_world: World, method: str) -> None:
     law = shared_world.exact_joint(2)
     emp = _empirical(shared_world, method, 2, gamma=3)
-    assert _tv(emp, law) < 0.06
+    assert set(emp) <= set(law)
+    assert _tv(emp, law) < TV_BOUND
 
 
 # ----------------------------------------------------------------------------- bits

