@@ -192,7 +192,7 @@ def test_demo_loads_both_models_in_the_mode_asked(
 ) -> None:
     draft, target = tiny_pair_shared
     args = ["demo", "--target", str(target), "--draft", str(draft), "--methods", "ar,sd",
-            "--max-new-tokens", "4", "--prompt", "hello"]  # fmt: skip
+            "--max-new-tokens", "4", "--prompt", "hello", "--no-shared-win"]  # fmt: skip
     result = CliRunner().invoke(main, [*args, *flags], env=ENV)
     assert result.exit_code == 0, result.output
     assert [mode(lm) for lm in loaded] == [expected] * 2

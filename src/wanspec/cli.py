@@ -374,7 +374,10 @@ def demo(
         )
         if shared_win:
             run_shared_win(
-                prompt=prompt, max_new_tokens=max_new_tokens, echo=click.echo, device=device
+                prompt=prompt,
+                max_new_tokens=max_new_tokens,
+                echo=click.echo,
+                **loading_kwargs(dtype, invariant, device),
             )
     except _user_errors() as err:
         raise click.ClickException(str(err)) from err

@@ -115,11 +115,16 @@ def run_shared_win(
     prompt: str,
     max_new_tokens: int,
     echo: Callable[[str], None] | None = None,
+    dtype: Any = None,
+    invariant: bool | None = None,
     device: str = "cpu",
 ) -> dict[str, Any]:
     """`ar` and `sd` (γ = 3) over real TCP on a shared-vocabulary pair at a LAN-like RTT, greedy:
-    the setting where speculation beats the target alone on this CPU. Returns {"ar", "sd":
+    the setting where speculation beats the target alone on this CPU. `dtype` (default float32),
+    `invariant` and `device` load the pair as `wanspec.load_pair` does. Returns {"ar", "sd":
     stats, "same_text", "speedup"} (`speedup`: sd's tokens/s over ar's)."""
+    import torch
+
     import wanspec
     from wanspec.net.background import cloud_behind_wan
     from wanspec.net.shaping import link_specs
@@ -131,7 +136,10 @@ def run_shared_win(
         f"\nA real win on this CPU: draft {draft} → target {target} (one vocabulary), "
         f"{WIN_METHOD} at γ = {WIN_GAMMA}, {link}"
     )
-    pair = wanspec.load_pair(target=target, draft=draft, device=device)
+    dtype = torch.float32 if dtype is None else dtype
+    pair = wanspec.load_pair(
+        target=target, draft=draft, dtype=dtype, invariant=invariant, device=device
+    )
     greedy = {"temperature": 0.0, "max_new_tokens": max_new_tokens}
     wanspec.generate(pair, prompt, WIN_METHOD, max_new_tokens=2, temperature=0.0)  # warm up
     stats, texts = {}, {}
