@@ -73,7 +73,7 @@ def run_demo(
     with cloud_behind_wan(pair.target, pair.cloud_info, *link_specs(link)) as (address, server, _):
         for method in methods:
             res = wanspec.generate(pair, prompt, method, server=address, **greedy)
-            session = _session_record(server, len(rows))
+            session = session_record(server, len(rows))
             rows.append({"method": method, "text": res.text, "real": res.stats, "cloud": session})
             echo(_progress(rows[-1], rows[0], len(rows), len(methods)))
     echo("projecting the same runs on the simulator…")
@@ -184,7 +184,7 @@ def _progress(row: dict[str, Any], ar: dict[str, Any], done: int, total: int) ->
     )
 
 
-def _session_record(server: Any, index: int, timeout_s: float = 10.0) -> Any:
+def session_record(server: Any, index: int, timeout_s: float = 10.0) -> Any:
     """The server's record of session `index`, once the server has closed it (it lingers a
     moment after the edge is done)."""
     deadline = time.monotonic() + timeout_s

@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from wanspec.bench.config import REAL_HETERO
+from wanspec.bench.demo import session_record
 
 METHODS = ("ar", "xcosd", "xcosd-e", "acespec-x")
 PROMPTS = (
@@ -80,16 +80,6 @@ class RealSimReport:
         }
 
 
-def _session_record(server: Any, count: int, timeout_s: float = 30.0) -> Any:
-    """The server's record of its `count`-th session (0-based), once it has closed it."""
-    deadline = time.monotonic() + timeout_s
-    while len(server.records) <= count:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"the server did not close session {count} in {timeout_s:g} s")
-        time.sleep(0.005)
-    return server.records[count]
-
-
 def measure(
     pair: Any,
     *,
@@ -122,13 +112,13 @@ def measure(
             short = {**settings, "max_new_tokens": 2}
             for method in methods:
                 wanspec.generate(pair, prompts[0], method, server=address, **short)
-                _session_record(server, sessions)
+                session_record(server, sessions, timeout_s=30.0)
                 sessions += 1
         for i, prompt in enumerate(prompts):
             for method in methods:
                 given = {**settings, "seed": seed + i}
                 real = wanspec.generate(pair, prompt, method, server=address, **given)
-                record = _session_record(server, sessions)
+                record = session_record(server, sessions, timeout_s=30.0)
                 sessions += 1
                 sim = wanspec.generate(
                     pair, prompt, method, link=link, charge_protocol_cpu=True, **given
