@@ -9,12 +9,21 @@ from typing import Any
 
 import torch
 
-from wanspec.models.jobs import ComputeCost, session_executor
+from wanspec.models.jobs import ComputeCost, Executor, session_executor
 from wanspec.models.lm import resolve_device
+from wanspec.models.replay import JobReplay, replaying_executor
 from wanspec.protocols.endpoints import TargetInfo
 from wanspec.protocols.registry import get_method, make_cloud, make_edge, target_info
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.sim import EmitRecord, Link, Profile, SimResult, load_profile, simulate
+from wanspec.sim import (
+    EmitRecord,
+    Link,
+    MeasuredProfile,
+    Profile,
+    SimResult,
+    load_profile,
+    simulate,
+)
 from wanspec.vocab import VocabAlignment
 
 
@@ -223,6 +232,7 @@ def generate(
     token: str | None = None,
     tls_ca: str | Path | bool | None = None,
     target_tokenizer: Any = None,
+    reuse: JobReplay | None = None,
     **settings: Any,
 ) -> GenerationResult:
     """Generate with `method` on the discrete-event simulator (virtual time, real models).
@@ -242,9 +252,15 @@ def generate(
     `target_tokenizer` (e.g. "qwen2.5"), or a `wanspec.net.client.RemotePair` from `load_edge`.
     `token` (default $WANSPEC_TOKEN) is the server's bearer token; `tls_ca` turns TLS on: a PEM
     file pins the server's CA, True trusts the system's CAs.
+
+    `reuse`: a `wanspec.models.replay.JobReplay` shared by runs (e.g. a sweep's cells that differ
+    only in link or profiles): model jobs an earlier run computed are replayed from it, with
+    bit-identical results. Replayed jobs take no time, so profiles must be fixed tables.
     """
     info = get_method(method)
     gen = GenerationSettings(**_model_sampling(pair, settings))
+    if reuse is not None:
+        _check_reuse(server, charge_protocol_cpu, edge_profile or profile, cloud_profile or profile)
     if server is not None:
         remote = {"token": token, "tls_ca": tls_ca, "target_tokenizer": target_tokenizer}
         return _generate_remote(pair, prompt, info.name, gen, server, **remote)
@@ -269,8 +285,8 @@ def generate(
         link if link is not None else Link(bandwidth_bps=100e6, rtt_s=0.05),
         edge_profile,
         cloud_profile or profile or "measured",
-        edge_executor=session_executor(edge_model),
-        cloud_executor=session_executor(pair.target),
+        edge_executor=_executor(edge_model, reuse),
+        cloud_executor=_executor(pair.target, reuse),
         trace=trace,
         charge_cpu=charge_protocol_cpu,
     )
@@ -278,6 +294,46 @@ def generate(
         raise RuntimeError(f"the cloud ended the session: {sim.cloud_finish}")
     tokens = sim.tokens
     return GenerationResult(pair.decode(tokens), tokens, _stats(info.name, sim, edge, cloud), sim)
+
+
+def _executor(model: Any, reuse: JobReplay | None) -> Executor:
+    return session_executor(model) if reuse is None else replaying_executor(model, reuse)
+
+
+def _check_reuse(
+    server: str | None,
+    charge_protocol_cpu: bool,
+    edge_profile: str | Profile | None,
+    cloud_profile: str | Profile | None,
+) -> None:
+    """Refuse `reuse` where a run's figures would depend on the time its passes take: a
+    replayed pass takes none."""
+    if server is not None:
+        raise ValueError("reuse applies to the simulator, not to a run against a server")
+    if charge_protocol_cpu:
+        raise ValueError(
+            "reuse cannot go with charge_protocol_cpu: the measured CPU would include replays "
+            "that take no time; run without reuse"
+        )
+    for side, spec in (("edge", edge_profile), ("cloud", cloud_profile)):
+        if _measures_wall_time(load_profile(spec or "measured")):
+            raise ValueError(
+                f"reuse needs fixed compute profiles, but the {side} profile "
+                f"{getattr(spec, 'name', spec or 'measured')!r} charges measured wall time, and a "
+                "replayed pass takes none: give table profiles (e.g. edge-orin, cloud-a100-8b) "
+                "or run without reuse"
+            )
+
+
+def _measures_wall_time(profile: Profile) -> bool:
+    """Whether `profile` prices a computation from the wall time it took."""
+    if isinstance(profile, MeasuredProfile):
+        return True
+    cost = ComputeCost("forward", n=1)
+    try:
+        return profile.seconds(cost, 1.0) != profile.seconds(cost, 2.0)
+    except (TypeError, ValueError):
+        return True
 
 
 def _generate_remote(

@@ -8,6 +8,7 @@ from typing import Any
 
 from wanspec.bench.config import TINY_PAIR, TINY_SHARED_PAIR
 from wanspec.bench.datasets import PromptSet, load_prompts
+from wanspec.models.replay import JobReplay
 
 TINY_SEED = 3  # the heterogeneous tiny pair the protocol tests use
 
@@ -36,12 +37,17 @@ def vocab_sizes(pair: Any) -> dict[str, int]:
 
 @dataclass
 class Context:
-    """`pairs` may be given loaded pairs by (target, draft) name, e.g. a synthetic pair."""
+    """`pairs` may be given loaded pairs by (target, draft) name, e.g. a synthetic pair.
+
+    `reuse`: model jobs shared by the generation cells (`wanspec.generate(reuse=)`): cells that
+    differ only in link or profiles compute each pass once. None: every cell computes its own.
+    """
 
     threads: int | None = None
     data_dir: Path | None = None
     pairs: dict[tuple[str, str], Any] = field(default_factory=dict)
     loading: dict[str, Any] = field(default_factory=dict)  # load_pair's dtype, invariant, device
+    reuse: JobReplay | None = field(default_factory=JobReplay)
     _prompts: dict[tuple[str, int], PromptSet] = field(default_factory=dict)
 
     def pair(self, target: str, draft: str) -> Any:
