@@ -34,7 +34,8 @@ from wanspec.bench.metrics import (
     rouge2,
 )
 from wanspec.bench.runner import Cell, read_results, run_sweep, settings_hash
-from wanspec.bench.sweep import run_experiment
+from wanspec.bench.stats import ci_column, interval_text
+from wanspec.bench.sweep import columns, current_lines, run_experiment
 from wanspec.cli import main
 
 TINY = CONFIGS["tiny"]
@@ -82,6 +83,54 @@ def test_experiment_writes_wellformed_results_and_plots(tiny_out: Path, name: st
     assert "<svg" in (folder / f"{name}.svg").read_text()[:2000]
     assert (folder / "table.md").read_text().count("\n") == len(lines) + 2
     assert manifest["runs"][-1]["command"].startswith(f"wanspec bench {name} --config tiny")
+
+
+# the rate columns of each table that carry a 95 % interval over prompts (seeds for analysis)
+INTERVAL_COLUMNS = {
+    "xcosd-bits": (
+        "acceptance",
+        "uplink wire",
+        "uplink paper",
+        "downlink wire",
+        "downlink paper",
+    ),
+    "xcosd-rate": ("tokens/s", "speedup vs ar"),
+    "analysis": ("E[L] sim", "tokens/round sim"),
+}
+
+
+def assert_intervals(rows: list[dict], csv_rows: list[dict], names: tuple[str, ...]) -> None:
+    """Each column in `names` is followed by its interval column; where the column has a value,
+    the interval holds it (with 2 prompts the percentile interval spans both prompts' rates,
+    and the point lies between them); the CSV holds the interval's table text."""
+    order = columns(rows)
+    for name in names:
+        assert order[order.index(name) + 1] == ci_column(name)
+    for row, text_row in zip(rows, csv_rows, strict=True):
+        for name in names:
+            point, ci = row[name], row[ci_column(name)]
+            assert text_row[ci_column(name)] == interval_text(ci)
+            if point is None:
+                assert ci is None
+                continue
+            assert ci is not None, (name, row)
+            tol = 1e-9 * max(1.0, abs(point))
+            assert ci.lo - tol <= point <= ci.hi + tol, (name, point, ci)
+
+
+@pytest.mark.parametrize("name", sorted(INTERVAL_COLUMNS))
+def test_rate_columns_carry_intervals_that_hold_the_point(tiny_out: Path, name: str) -> None:
+    assert TINY.prompts >= 2 and TINY.analysis_seeds >= 2  # else no interval to check
+    folder = tiny_out / name
+    _, lines = current_lines(folder)
+    rows = EXPERIMENTS[name].table(lines)
+    with open(folder / "results.csv", newline="") as f:
+        csv_rows = list(csv.DictReader(f))
+    assert_intervals(rows, csv_rows, INTERVAL_COLUMNS[name])
+    assert f"{ci_column(INTERVAL_COLUMNS[name][0])} |" in (folder / "table.md").read_text()
+    if name == "xcosd-rate":  # paired: ar against itself resamples the same prompts
+        assert all(r[ci_column("speedup vs ar")] == (1.0, 1.0) for r in rows if r["method"] == "ar")
+        assert any(r[ci_column("tokens/s")].hi > r[ci_column("tokens/s")].lo for r in rows)
 
 
 def test_bits_events_agree_with_the_protocol_counters(tiny_out: Path) -> None:

@@ -16,6 +16,8 @@ from wanspec.bench import acespec
 from wanspec.bench.config import CONFIGS
 from wanspec.bench.context import Context
 from wanspec.bench.runner import read_results, settings_hash
+from wanspec.bench.stats import Interval, ci_column, interval_text
+from wanspec.bench.sweep import columns, current_lines
 from wanspec.cli import main
 
 TINY = CONFIGS["tiny"]
@@ -64,12 +66,60 @@ def test_experiment_writes_wellformed_results_and_plots(tiny_run, name: str) -> 
     assert manifest["runs"][-1]["command"].startswith(f"wanspec bench {COMMANDS[name]} ")
 
 
+LINK_INTERVALS = (
+    "tokens/s",
+    "decode tokens/s",
+    "alpha",
+    "hit rate",
+    "uplink bits/token",
+    "downlink bits/token",
+)
+INTERVAL_COLUMNS = {
+    "acespec-table1": ("tokens/s", "decode tokens/s", "alpha", "hit rate", "speedup vs ar"),
+    "acespec-bandwidth": LINK_INTERVALS,
+    "acespec-ablation": ("hit rate", "tokens/s", "decode tokens/s", "alpha", "downlink bits/token"),
+    "acespec-budget": LINK_INTERVALS,
+    "acespec-temperature": LINK_INTERVALS,
+}
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_rate_columns_carry_intervals_that_hold_the_point(tiny_run, name: str) -> None:
+    """Each rate column is followed by its interval; with 2 prompts the percentile interval
+    spans both prompts' rates, so it holds the point wherever the column has one."""
+    assert TINY.prompts >= 2
+    folder = tiny_run[0] / name
+    _, lines = current_lines(folder)
+    rows = acespec.EXPERIMENTS[name].table(lines)
+    order = columns(rows)
+    for column in INTERVAL_COLUMNS[name]:
+        assert order[order.index(column) + 1] == ci_column(column)
+    for row, text_row in zip(rows, _rows(folder), strict=True):
+        for column in INTERVAL_COLUMNS[name]:
+            point, ci = row[column], row[ci_column(column)]
+            assert text_row[ci_column(column)] == interval_text(ci)
+            assert (point is None) == (ci is None), (column, row)
+            if ci is not None:
+                tol = 1e-9 * max(1.0, abs(point))
+                assert ci.lo - tol <= point <= ci.hi + tol, (column, point, ci)
+    if name == "acespec-table1":  # paired: ar against itself resamples the same prompts
+        assert all(r[ci_column("speedup vs ar")] == (1.0, 1.0) for r in rows if r["method"] == "ar")
+
+
 def test_ablation_alias_runs_the_experiment_and_prints_issue_8s_tables(tiny_run) -> None:
     out, outputs = tiny_run
     assert not (out / "ablation").exists()
     summary = (out / "acespec-ablation" / "summary.md").read_text()
-    for heading in ("### Pipelines at 100 Mbit/s", "### Constrained link", "### Issue 8 targets"):
+    for heading in (
+        "### Tree shapes at one budget (mini-math)",
+        "### Pipelines at 100 Mbit/s",
+        "### Constrained link",
+        "### Issue 8 targets",
+    ):
         assert heading in summary
+    budget = acespec.SETUPS["tiny"].ablation_budget
+    assert f"At B = {budget}, " in summary and "tokens/s" in summary
+    assert "| tokens/s 95% CI |" in summary  # the pipelines table's intervals
     assert summary.strip() in outputs["acespec-ablation"]
     parts = [r["part"] for r in _rows(out / "acespec-ablation")]
     assert parts == ["pipelines"] * 5 + ["constrained"] + ["Table II"] * 3
@@ -89,8 +139,8 @@ def test_ideal_bound_is_the_formula_in_both_regimes() -> None:
     assert acespec.ideal_bound(0.5, 4, 33, 0.05, EDGE, CLOUD) == pytest.approx(e_l / 0.248)
 
 
-def _line(accepted: list[int], budgets: list[int], tokens: int, time_s: float) -> dict:
-    stats = {
+def _stats(accepted: list[int], budgets: list[int], tokens: int, time_s: float) -> dict:
+    return {
         "new_tokens": tokens,
         "time_s": time_s,
         "uplink_bits": 0,
@@ -104,6 +154,13 @@ def _line(accepted: list[int], budgets: list[int], tokens: int, time_s: float) -
         "cache_misses": 1,
         "budget_per_round": budgets,
     }
+
+
+def _line(accepted: list[int], budgets: list[int], tokens: int, time_s: float) -> dict:
+    return _line_of([_stats(accepted, budgets, tokens, time_s)])
+
+
+def _line_of(prompts: list[dict]) -> dict:
     return {
         "settings": {
             "method": "acespec",
@@ -114,7 +171,7 @@ def _line(accepted: list[int], budgets: list[int], tokens: int, time_s: float) -
             "generation": {"gamma": 4, "tree_budget": 40, "tree_allocation": "geometric"}
             | {"tree_fixed": False, "temperature": 1.0},
         },
-        "result": {"prompts": [{"stats": stats}]},
+        "result": {"prompts": [{"stats": stats} for stats in prompts]},
     }
 
 
@@ -132,6 +189,68 @@ def test_ablation_row_bound_uses_per_token_alpha_and_the_mean_budget() -> None:
     assert row["of bound"] == pytest.approx((3 / 0.8) / (1.875 / 0.248))
     assert row["hit rate"] == 0.5
     assert (row["tokens/round"], row["ms/round"]) == (2.0, 500.0)
+
+
+def test_intervals_resample_each_prompts_own_sums() -> None:
+    """Prompt 1 accepts 1 of 4 twice (α = 2/4) with 1 hit in 2 lookups; prompt 2 accepts all 4
+    twice (α = 8/8) with 3 hits in 3. Two prompts: each interval spans exactly the two prompts'
+    rates (α per prompt as per_token_acceptance counts it, not accepted/drafted = 2/8)."""
+    first = _stats([1, 1], [32, 34], tokens=4, time_s=1.0)
+    second = _stats([4, 4], [32, 34], tokens=10, time_s=2.0)
+    second |= {"cache_hits": 3, "cache_misses": 0, "decode_tokens": 9, "decode_time_s": 1.5}
+    (row,) = acespec._ablation_table([_line_of([first, second])])
+    assert row["alpha"] == 10 / 12 and row[ci_column("alpha")] == (0.5, 1.0)
+    assert row["hit rate"] == 4 / 5 and row[ci_column("hit rate")] == (0.5, 1.0)
+    assert row["tokens/s"] == 14 / 3 and row[ci_column("tokens/s")] == (4.0, 5.0)
+    assert row[ci_column("decode tokens/s")] == (3 / 0.8, 6.0)
+    # one prompt: nothing to resample, no interval
+    (single,) = acespec._ablation_table([_line_of([first])])
+    assert single["alpha"] == 0.5 and single[ci_column("alpha")] is None
+
+
+def _shape(allocation: str, hits: tuple[float, float], rate: tuple[float, float] | None) -> dict:
+    return {
+        "part": acespec.PART_SHAPES,
+        "dataset": "d",
+        "allocation": allocation,
+        "mean B": 40.0,
+        "hit rate": sum(hits) / 2,
+        ci_column("hit rate"): Interval(*hits),
+        "tokens/s": None if rate is None else sum(rate) / 2,
+        ci_column("tokens/s"): None if rate is None else Interval(*rate),
+    }
+
+
+def test_shapes_verdict_says_which_intervals_tell_the_shapes_apart() -> None:
+    apart = acespec._ablation_summary(
+        [
+            _shape("single", (0.1, 0.2), (5.0, 6.0)),
+            _shape("uniform", (0.3, 0.5), (5.5, 7.0)),
+            _shape("geometric", (0.45, 0.6), (5.8, 6.5)),
+        ]
+    )
+    assert "### Tree shapes at one budget (d)" in apart
+    assert apart.count("\n") == 2  # one sentence, no pipelines rows to tabulate
+    assert "At B = 40, by hit rate, single < uniform and single < geometric" in apart
+    assert "the other pairs overlap): this run tells those apart" in apart
+    assert "the tokens/s intervals all overlap (single [5, 6], uniform [5.5, 7]" in apart
+    assert "does not tell the shapes apart by tokens/s." in apart
+    reversed_order = acespec.shapes_verdict(
+        [_shape("geometric", (0.45, 0.6), (9.0, 9.5)), _shape("single", (0.1, 0.2), (5.0, 6.0))]
+    )
+    assert "single < geometric with disjoint intervals" in reversed_order
+    assert "this run tells that pair apart" in reversed_order
+    assert "hit rate intervals all overlap" not in reversed_order
+    missing = acespec.shapes_verdict(
+        [_shape("single", (0.1, 0.2), None), _shape("uniform", (0.1, 0.2), (1.0, 2.0))]
+    )
+    assert "single has no tokens/s interval (single none, uniform [1, 2])" in missing
+    assert "the hit rate intervals all overlap" in missing
+    one_prompt = acespec.shapes_verdict(
+        [{**_shape(shape, (0.1, 0.2), None), ci_column("hit rate"): None} for shape in "ab"]
+    )
+    assert one_prompt.startswith("At B = 40, no shape has a hit rate interval")
+    assert "cannot say whether the shapes differ by tokens/s." in one_prompt
 
 
 def test_summary_judges_the_targets_at_their_thresholds() -> None:
@@ -235,3 +354,16 @@ def test_datasets_option_replaces_the_setups_list_and_bad_configs_are_refused() 
     assert acespec.setup_of(TINY).datasets == ("mini-math",)
     with pytest.raises(ValueError, match="no 'other' setup"):
         acespec.setup_of(replace(TINY, name="other"))
+
+
+def test_max_new_tokens_option_sets_every_budget_even_one_equal_to_the_configs_own() -> None:
+    from wanspec.bench.config import CONFIGS
+
+    quick = CONFIGS["quick"]  # its own cap (32) differs from its AceSpec setup's (48)
+    assert acespec.setup_of(quick).max_new_tokens == acespec.SETUPS["quick"].max_new_tokens
+    given = quick.with_overrides(max_new_tokens=quick.max_new_tokens)
+    assert acespec.setup_of(given).max_new_tokens == quick.max_new_tokens
+    longer = TINY.with_overrides(max_new_tokens=48)
+    assert (longer.max_new_tokens, acespec.setup_of(longer).max_new_tokens) == (48, 48)
+    with pytest.raises(ValueError, match="max-new-tokens"):
+        TINY.with_overrides(max_new_tokens=0)

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wanspec.bench.config import (
     CONFIGS,
@@ -49,10 +49,17 @@ from wanspec.bench.experiments import (
     Line,
     Row,
     _totals,
+    bits_interval,
     expected_length,
+    prompt_interval,
     run_generation_cell,
+    speedup_interval,
+    throughput_interval,
 )
 from wanspec.bench.runner import Cell
+
+if TYPE_CHECKING:
+    from wanspec.bench.stats import Interval
 
 TABLE1_METHODS = ("ar", "sd", "split", "picospec", "dssd", "acespec", "acespec-x")
 PIPELINE_METHODS = ("ar", "sd", "picospec", "acespec", "acespec-x")  # issue 8's table
@@ -131,12 +138,15 @@ SETUPS: dict[str, AceSetup] = {
 
 
 def setup_of(config: Config) -> AceSetup:
-    """The AceSpec setup of a configuration; `--datasets` replaces its dataset list."""
+    """The AceSpec setup of a configuration; `--datasets` and `--max-new-tokens` replace its
+    dataset list and its token budget."""
     if config.name not in SETUPS:
         raise ValueError(f"AceSpec's experiments have no {config.name!r} setup; known: {SETUPS}")
-    setup = SETUPS[config.name]
-    if config.datasets != CONFIGS[config.name].datasets:  # given on the command line
+    setup, default = SETUPS[config.name], CONFIGS[config.name]
+    if config.datasets != default.datasets:  # given on the command line
         setup = replace(setup, datasets=config.datasets)
+    if config.tokens_given is not None:
+        setup = replace(setup, max_new_tokens=config.tokens_given)
     return setup
 
 
@@ -211,6 +221,17 @@ def per_token_acceptance(accepted: Sequence[int], gamma: int) -> float | None:
     return planner.alpha
 
 
+def acceptance_counts(accepted: Sequence[int], gamma: int) -> tuple[int, int]:
+    """(Σaccepted, Σtested) of `per_token_acceptance` over the given rounds: one prompt's share
+    of the α estimate, which the bootstrap resamples."""
+    from wanspec.protocols.budget import BranchPlanner
+
+    planner = BranchPlanner(b_max=1)
+    for a in accepted:
+        planner.observe_round(a, gamma)
+    return planner.accepted, planner.tested
+
+
 def tree_draft_seconds(edge_profile: Any, budget: int, gamma: int) -> float:
     """T_tree(B): γ tree passes over B tips (how the pipeline drafts and the budget prices it)."""
     from wanspec.models.jobs import ComputeCost
@@ -246,7 +267,10 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def measures(line: Line) -> Row:
-    """The figures every AceSpec table draws on, summed or averaged over a cell's prompts."""
+    """The figures every AceSpec table draws on, summed or averaged over a cell's prompts; each
+    rate is followed by its 95 % interval over the prompts (`wanspec.bench.stats`)."""
+    from wanspec.bench.stats import ci_column
+
     s, stats = line["settings"], _prompt_stats(line)
     totals = _totals(line)
     gamma = s["generation"].get("gamma")
@@ -257,19 +281,40 @@ def measures(line: Line) -> Row:
     ttfts = [st["ttft_s"] for st in stats if st["ttft_s"] is not None]
     decode_time = sum(st.get("decode_time_s", 0.0) for st in stats)
     decode_tokens = sum(st.get("decode_tokens", 0) for st in stats)
+    alpha = per_token_acceptance(accepted, gamma) if gamma else None
     return {
         "tokens": totals["tokens"],
         "tokens/s": totals["tokens"] / totals["time_s"] if totals["time_s"] else None,
+        ci_column("tokens/s"): throughput_interval(line),
         "decode tokens/s": decode_tokens / decode_time if decode_time else None,
+        ci_column("decode tokens/s"): prompt_interval(
+            line, lambda st: st.get("decode_tokens", 0), lambda st: st.get("decode_time_s", 0.0)
+        ),
         "TTFT ms": 1e3 * _mean(ttfts) if ttfts else None,
-        "alpha": per_token_acceptance(accepted, gamma) if gamma else None,
+        "alpha": alpha,
+        ci_column("alpha"): _alpha_interval(line, gamma) if alpha is not None else None,
         "hit rate": hits / (hits + misses) if hits + misses else None,
+        ci_column("hit rate"): prompt_interval(
+            line,
+            lambda st: st.get("cache_hits", 0),
+            lambda st: st.get("cache_hits", 0) + st.get("cache_misses", 0),
+        ),
         "mean B": _mean(budgets),
         "tokens/round": totals["tokens"] / len(accepted) if accepted else None,
         "ms/round": 1e3 * totals["time_s"] / len(accepted) if accepted else None,
         "uplink bits/token": totals["up_bits"] / totals["tokens"] if totals["tokens"] else None,
+        ci_column("uplink bits/token"): bits_interval(line, "up"),
         "downlink bits/token": totals["down_bits"] / totals["tokens"] if totals["tokens"] else None,
+        ci_column("downlink bits/token"): bits_interval(line, "down"),
     }
+
+
+def _alpha_interval(line: Line, gamma: int) -> Interval | None:
+    """α's interval: each prompt's (Σaccepted, Σtested), resampled by prompt."""
+    from wanspec.bench.stats import ratio_interval
+
+    counts = [acceptance_counts(st["accepted_per_round"], gamma) for st in _prompt_stats(line)]
+    return ratio_interval([a for a, _ in counts], [t for _, t in counts])
 
 
 def bound_of(line: Line, alpha: float | None, mean_budget: float | None) -> float | None:
@@ -327,6 +372,8 @@ def _table1_cells(config: Config, ctx: Context) -> list[Cell]:
 
 
 def _table1_table(lines: list[Line]) -> list[Row]:
+    from wanspec.bench.stats import ci_column
+
     rows = []
     for line in lines:
         m = measures(line)
@@ -336,18 +383,32 @@ def _table1_table(lines: list[Line]) -> list[Row]:
                 "dataset": line["settings"]["dataset"]["name"],
                 "method": line["settings"]["method"],
                 "tokens": m["tokens"],
-                "tokens/s": m["tokens/s"],
-                "decode tokens/s": m["decode tokens/s"],
-                "alpha": m["alpha"],
-                "hit rate": m["hit rate"],
+                **_with_intervals(m, ("tokens/s", "decode tokens/s", "alpha", "hit rate")),
             }
         )
     reference = {
-        (r["pair"], r["dataset"]): r["tokens/s"] for r in rows if r["method"] == REFERENCE_METHOD
+        (r["pair"], r["dataset"]): (r["tokens/s"], line)
+        for r, line in zip(rows, lines, strict=True)
+        if r["method"] == REFERENCE_METHOD
     }
-    for r in rows:
-        r["speedup vs ar"] = _ratio(r["tokens/s"], reference.get((r["pair"], r["dataset"])))
+    for r, line in zip(rows, lines, strict=True):
+        base, base_line = reference.get((r["pair"], r["dataset"]), (None, None))
+        r["speedup vs ar"] = _ratio(r["tokens/s"], base)
+        speedup = speedup_interval(line, base_line) if r["speedup vs ar"] is not None else None
+        r[ci_column("speedup vs ar")] = speedup
     return rows
+
+
+def _with_intervals(row: Row, names: Sequence[str]) -> Row:
+    """The columns `names` of a row, each followed by its interval column when it has one."""
+    from wanspec.bench.stats import ci_column
+
+    picked: Row = {}
+    for name in names:
+        picked[name] = row[name]
+        if ci_column(name) in row:
+            picked[ci_column(name)] = row[ci_column(name)]
+    return picked
 
 
 def _table1_plot(rows: list[Row], folder: Path) -> list[Path]:
@@ -471,17 +532,14 @@ def _ablation_table(lines: list[Line]) -> list[Row]:
                 "bandwidth bps": s["link"]["downlink_bps"],
                 "rtt ms": 1e3 * s["link"]["rtt_s"],
                 "TTFT ms": m["TTFT ms"],
-                "hit rate": m["hit rate"],
-                "tokens/s": m["tokens/s"],
-                "decode tokens/s": m["decode tokens/s"],
-                "alpha": m["alpha"],
+                **_with_intervals(m, ("hit rate", "tokens/s", "decode tokens/s", "alpha")),
                 "E[L]": expected_length(m["alpha"], gamma) if m["alpha"] is not None else None,
                 "tokens/round": m["tokens/round"],
                 "ms/round": m["ms/round"],
                 "mean B": m["mean B"],
                 "ideal bound tokens/s": bound,
                 "of bound": _ratio(m["decode tokens/s"], bound),  # steady state to steady state
-                "downlink bits/token": m["downlink bits/token"],
+                **_with_intervals(m, ("downlink bits/token",)),
             }
         )
     return rows
@@ -494,17 +552,75 @@ def _markdown(rows: list[Row]) -> str:
 
 
 def _ablation_summary(rows: list[Row]) -> str:
-    """Issue 8's tables, per dataset: the pipelines at the fast link beside the ideal bound, the
-    constrained link as a fraction of the fast one, and whether the targets are met."""
+    """Per dataset: whether this run tells Table II's tree shapes apart, then issue 8's tables
+    (the pipelines at the fast link beside the ideal bound, the constrained link as a fraction
+    of the fast one, and whether the targets are met)."""
     parts = []
     for dataset in dict.fromkeys(r["dataset"] for r in rows):
+        shapes = [r for r in rows if r["dataset"] == dataset and r["part"] == PART_SHAPES]
         fast = {
             r["method"]: r for r in rows if r["dataset"] == dataset and r["part"] == PART_METHODS
         }
         slow = [r for r in rows if r["dataset"] == dataset and r["part"] == PART_CONSTRAINED]
+        if shapes:
+            parts.append(f"### Tree shapes at one budget ({dataset})\n\n" + shapes_verdict(shapes))
         if fast:
             parts.append(_dataset_summary(dataset, fast, slow))
     return "\n\n".join(parts)
+
+
+SHAPE_MEASURES = ("hit rate", "tokens/s")  # what Table II compares the shapes by
+
+
+def shapes_verdict(shapes: list[Row]) -> str:
+    """One sentence: for each of `SHAPE_MEASURES`, whether the tree shapes' 95 % intervals all
+    overlap (this run does not tell the shapes apart) or which pairs are disjoint."""
+    from wanspec.bench.stats import ci_column, interval_text
+
+    budgets = sorted({r["mean B"] for r in shapes if r.get("mean B") is not None})
+    at = f"At B = {', '.join(f'{b:g}' for b in budgets)}" if budgets else "At one budget"
+    clauses = []
+    for measure in SHAPE_MEASURES:
+        found = [(r["allocation"], r.get(ci_column(measure))) for r in shapes]
+        listed = ", ".join(f"{shape} {interval_text(ci) or 'none'}" for shape, ci in found)
+        missing = [shape for shape, ci in found if ci is None]
+        if len(missing) == len(found):
+            clauses.append(
+                f"no shape has a {measure} interval (fewer than 2 prompts, or no estimate), so "
+                f"this run cannot say whether the shapes differ by {measure}"
+            )
+            continue
+        if missing:
+            clauses.append(
+                f"{' and '.join(missing)} {'has' if len(missing) == 1 else 'have'} no "
+                f"{measure} interval ({listed}), so this run cannot say whether the shapes "
+                f"differ by {measure}"
+            )
+            continue
+        pairs = _pairs(found)
+        apart = [_order(x, y) for x, y in pairs if not x[1].overlaps(y[1])]
+        if not apart:
+            clauses.append(
+                f"the {measure} intervals all overlap ({listed}): this run does not tell the "
+                f"shapes apart by {measure}"
+            )
+        else:
+            rest = "" if len(apart) == len(pairs) else "; the other pairs overlap"
+            clauses.append(
+                f"by {measure}, {' and '.join(apart)} with disjoint intervals ({listed}{rest}): "
+                f"this run tells {'those' if len(apart) > 1 else 'that pair'} apart"
+            )
+    return f"{at}, {'; '.join(clauses)}."
+
+
+def _pairs(items: Sequence[Any]) -> list[tuple[Any, Any]]:
+    return [(a, b) for i, a in enumerate(items) for b in items[i + 1 :]]
+
+
+def _order(x: tuple[str, Any], y: tuple[str, Any]) -> str:
+    """Says "low < high" of two (shape, interval) whose intervals are disjoint."""
+    low, high = (x, y) if x[1].hi < y[1].lo else (y, x)
+    return f"{low[0]} < {high[0]}"
 
 
 def _dataset_summary(dataset: str, fast: dict[str, Row], slow: list[Row]) -> str:
@@ -514,13 +630,12 @@ def _dataset_summary(dataset: str, fast: dict[str, Row], slow: list[Row]) -> str
     pipelines = [
         {
             "method": method,
-            "tokens/s": r["tokens/s"],
+            **_with_intervals(r, ("tokens/s",)),
             "TTFT ms": r["TTFT ms"],
-            "decode tokens/s": r["decode tokens/s"],
+            **_with_intervals(r, ("decode tokens/s",)),
             "ideal bound tokens/s": r["ideal bound tokens/s"],
             "of bound": r["of bound"],
-            "hit rate": r["hit rate"],
-            "alpha": r["alpha"],
+            **_with_intervals(r, ("hit rate", "alpha")),
             "E[L]": r["E[L]"],
             "tokens/round": r["tokens/round"],
             "ms/round": r["ms/round"],
@@ -534,7 +649,7 @@ def _dataset_summary(dataset: str, fast: dict[str, Row], slow: list[Row]) -> str
             "method": r["method"],
             "link": rate_text(r["bandwidth bps"]),
             f"tokens/s at {fast_rate}": fast.get(r["method"], {}).get("tokens/s"),
-            "tokens/s": r["tokens/s"],
+            **_with_intervals(r, ("tokens/s",)),
             "fraction": _ratio(r["tokens/s"], fast.get(r["method"], {}).get("tokens/s")),
         }
         for r in slow
@@ -584,16 +699,21 @@ def _dataset_summary(dataset: str, fast: dict[str, Row], slow: list[Row]) -> str
 
 def _ablation_plot(rows: list[Row], folder: Path) -> list[Path]:
     from wanspec.bench import plots
+    from wanspec.bench.stats import ci_column
 
     shapes = [r for r in rows if r["part"] == PART_SHAPES]
     fast = [r for r in rows if r["part"] == PART_METHODS]
     fig, axes = plots.plt.subplots(1, 4, figsize=(18, 3.8))
     for ax, column in zip(axes[:3], ("hit rate", "TTFT ms", "tokens/s"), strict=True):
-        ax.bar([r["allocation"] for r in shapes], [r[column] or 0 for r in shapes])
+        ax.bar(range(len(shapes)), [r[column] or 0 for r in shapes])
+        ax.set_xticks(range(len(shapes)), [str(r["allocation"]) for r in shapes])
+        cis = [r.get(ci_column(column)) for r in shapes]
+        plots.interval_bars(ax, range(len(shapes)), cis, "black")
         ax.set_title(f"{column} by tree shape (fixed B)")
     ax = axes[3]
     names = [r["method"] for r in fast]
     ax.bar(names, [r["tokens/s"] or 0 for r in fast], label="measured")
+    plots.interval_bars(ax, names, [r.get(ci_column("tokens/s")) for r in fast], "black")
     bounds = [(n, r["ideal bound tokens/s"]) for n, r in zip(names, fast, strict=True)]
     bounds = [(n, b) for n, b in bounds if b is not None]
     ax.plot([n for n, _ in bounds], [b for _, b in bounds], "k_", ms=24, mew=2, label="bound")
@@ -689,7 +809,8 @@ ACESPEC_EXPERIMENTS = [
         _SETUP_NOTE + "Table II rows: acespec with a fixed budget (`tree_fixed`), single (all "
         "alternatives at depth 0), uniform, geometric (eq. 14). Pipelines rows: ar, sd, "
         "picospec, acespec (network-aware budget up to B_max) and acespec-x at 100 Mbit/s; "
-        "constrained: acespec at 50 kbit/s. The summary sets each beside the ideal-pipeline "
+        "constrained: acespec at 50 kbit/s. The summary says whether the shapes' hit-rate and "
+        "tokens/s intervals tell them apart, sets each pipeline beside the ideal-pipeline "
         "bound and checks issue 8's targets.",
         _ablation_cells,
         run_generation_cell,

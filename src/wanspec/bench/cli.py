@@ -48,6 +48,10 @@ def _command_line() -> str:
     words = ctx.command_path.split()
     for param in ctx.command.params:
         value = ctx.params.get(param.name)
+        if getattr(param, "secondary_opts", None):  # an on/off pair: only a change is worth saying
+            if value != param.default:
+                words.append(param.opts[0] if value else param.secondary_opts[0])
+            continue
         if value is None or value is False or not param.opts:
             continue
         if param.name in LOADING_PARAMS and value == param.default:
@@ -75,6 +79,12 @@ def _experiment_command(name: str, command_name: str | None = None) -> click.Com
     )
     @click.option("--prompts", type=int, help="Prompts per dataset (the first N).")
     @click.option(
+        "--max-new-tokens",
+        type=int,
+        help="Token budget per prompt (every experiment's cap; tasks scored by text keep theirs "
+        "when smaller).",
+    )
+    @click.option(
         "--data-dir",
         type=click.Path(file_okay=False, path_type=Path),
         help="Shared data folder (default $WANSPEC_DATA or ../shared/data).",
@@ -82,14 +92,23 @@ def _experiment_command(name: str, command_name: str | None = None) -> click.Com
     @click.option("--srdv-k", type=int, help="X-CoSD-E candidates K.")
     @click.option("--srdv-m", type=int, help="X-CoSD-E candidate rounds M.")
     @click.option("--no-progress", is_flag=True, help="No progress bar.")
+    @click.option(
+        "--reuse/--no-reuse",
+        default=True,
+        show_default=True,
+        help="Compute each model pass once across cells that differ only in link or profiles "
+        "(same results; off: every cell computes its own).",
+    )
     @loading_options
     def command(
         config_name: str,
         out: Path,
         datasets: str | None,
         prompts: int | None,
+        max_new_tokens: int | None,
         data_dir: Path | None,
         no_progress: bool,
+        reuse: bool,
         dtype: str,
         invariant: bool | None,
         device: str,
@@ -102,7 +121,10 @@ def _experiment_command(name: str, command_name: str | None = None) -> click.Com
 
         try:
             config = CONFIGS[config_name].with_overrides(
-                datasets=_split(datasets), prompts=prompts, **options
+                datasets=_split(datasets),
+                prompts=prompts,
+                max_new_tokens=max_new_tokens,
+                **options,
             )
             config = replace(config, dtype=dtype, invariant=invariant, device=device)
             summary = run_experiment(
@@ -112,6 +134,7 @@ def _experiment_command(name: str, command_name: str | None = None) -> click.Com
                 data_dir=data_dir,
                 progress=not no_progress,
                 command=_command_line(),
+                reuse=reuse,
             )
         except _user_errors() as err:
             raise click.ClickException(str(err)) from err
@@ -123,6 +146,11 @@ def _experiment_command(name: str, command_name: str | None = None) -> click.Com
             f"{name}: {len(summary.ran)} cells run, {len(summary.skipped)} already done, "
             f"{summary.wall_s:.1f} s; results in {out / name}"
         )
+        if summary.reuse is not None and summary.reuse["passes_run"]:
+            click.echo(
+                f"model passes: {summary.reuse['passes_run']} computed, "
+                f"{summary.reuse['passes_replayed']} replayed"
+            )
         click.echo((out / name / "table.md").read_text(encoding="utf-8"))
         further = out / name / "summary.md"
         if further.exists():

@@ -56,6 +56,7 @@ class Config:
     rates_bps: tuple[float, ...]  # xcosd-rate: downlink rates
     quality_temperatures: tuple[float, ...]
     threads: int | None = None
+    tokens_given: int | None = None  # --max-new-tokens: AceSpec's setups take it too
     # how the models load (`wanspec.load_pair`: --dtype, --invariant, --device)
     dtype: str = "float32"
     invariant: bool | None = None
@@ -111,9 +112,11 @@ class Config:
         *,
         datasets: tuple[str, ...] | None = None,
         prompts: int | None = None,
+        max_new_tokens: int | None = None,
         **options: Any,
     ) -> Config:
-        """`--datasets` replaces every experiment's list; method options merge into `options`."""
+        """`--datasets` replaces every experiment's list, `--max-new-tokens` every token budget
+        (AceSpec's setups included); method options merge into `options`."""
         changes: dict[str, Any] = {}
         if datasets:
             changes.update(datasets=datasets, rate_datasets=datasets, quality_datasets=datasets)
@@ -121,6 +124,10 @@ class Config:
             if prompts < 1:
                 raise ValueError(f"--prompts must be >= 1, got {prompts}")
             changes["prompts"] = prompts
+        if max_new_tokens is not None:
+            if max_new_tokens < 1:
+                raise ValueError(f"--max-new-tokens must be >= 1, got {max_new_tokens}")
+            changes.update(max_new_tokens=max_new_tokens, tokens_given=max_new_tokens)
         given = {k: v for k, v in options.items() if v is not None}
         unknown = set(given) - set(self.options)
         if unknown:

@@ -15,12 +15,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from wanspec.bench.accounting import ACCOUNTED_METHODS, Events, Vocab, paper_bits
 from wanspec.bench.config import METHOD_OPTIONS, Config
 from wanspec.bench.context import Context, vocab_sizes
 from wanspec.bench.runner import Cell
+
+if TYPE_CHECKING:  # numpy: kept off the command line's start-up
+    from wanspec.bench.stats import Interval
 
 Line = dict[str, Any]
 Row = dict[str, Any]
@@ -116,6 +119,7 @@ def run_generation_cell(cell: Cell, ctx: Context) -> dict[str, Any]:
             link=link,
             edge_profile=s["edge_profile"],
             cloud_profile=s["cloud_profile"],
+            reuse=ctx.reuse,
             **generation,
         )
         entry = {"id": record["id"], "text": res.text, "stats": res.stats}
@@ -129,20 +133,21 @@ def _per_token(total: float, tokens: int) -> float | None:
     return total / tokens if tokens else None
 
 
+def prompt_bits(stats: dict[str, Any], direction: str) -> int:
+    """One prompt's bits in `direction` ("up" or "down"), the session's one-off messages left
+    out: the load that grows with the tokens."""
+    session = SESSION_MESSAGES[direction]
+    return stats[f"{direction}link_bits"] - sum(stats["bits_by_type"].get(m, 0) for m in session)
+
+
 def _totals(line: Line) -> dict[str, float]:
     """Sums over a cell's prompts of the quantities its tables need."""
     stats = [p["stats"] for p in line["result"]["prompts"]]
-
-    def per_token_bits(direction: str) -> int:
-        total = sum(s[f"{direction}link_bits"] for s in stats)
-        session = SESSION_MESSAGES[direction]
-        return total - sum(s["bits_by_type"].get(m, 0) for s in stats for m in session)
-
     return {
         "tokens": sum(s["new_tokens"] for s in stats),
         "time_s": sum(s["time_s"] for s in stats),
-        "up_bits": per_token_bits("up"),
-        "down_bits": per_token_bits("down"),
+        "up_bits": sum(prompt_bits(s, "up") for s in stats),
+        "down_bits": sum(prompt_bits(s, "down") for s in stats),
     }
 
 
@@ -150,6 +155,60 @@ def _acceptance(line: Line) -> float | None:
     rounds = [a for p in line["result"]["prompts"] for a in p["stats"]["accepted_per_round"]]
     gamma = line["settings"]["generation"].get("gamma")
     return sum(rounds) / (len(rounds) * gamma) if rounds and gamma else None
+
+
+def _acceptance_interval(line: Line) -> Interval | None:
+    """`_acceptance`'s interval: per prompt, its accepted drafts over its drafted ones."""
+    gamma = line["settings"]["generation"].get("gamma")
+    if not gamma:
+        return None
+    return prompt_interval(
+        line, lambda s: sum(s["accepted_per_round"]), lambda s: len(s["accepted_per_round"]) * gamma
+    )
+
+
+# ============================================================================ intervals
+
+
+def prompt_interval(
+    line: Line,
+    num: Callable[[dict[str, Any]], float],
+    den: Callable[[dict[str, Any]], float],
+) -> Interval | None:
+    """The bootstrap interval over a cell's prompts of Σ num(stats) / Σ den(stats) (a
+    `wanspec.bench.stats.Interval`, None with fewer than 2 prompts or no estimate)."""
+    from wanspec.bench.stats import ratio_interval  # numpy: kept off the command line's start-up
+
+    stats = [p["stats"] for p in line["result"]["prompts"]]
+    return ratio_interval([num(s) for s in stats], [den(s) for s in stats])
+
+
+def speedup_interval(line: Line, reference: Line | None) -> Interval | None:
+    """The paired interval of the cell's tokens/s over `reference`'s (the same prompts resampled
+    for both); None without a reference or when the two cells ran different prompts."""
+    from wanspec.bench.stats import paired_ratio_interval
+
+    if reference is None:
+        return None
+    ours, theirs = line["result"]["prompts"], reference["result"]["prompts"]
+    if [p.get("id") for p in ours] != [p.get("id") for p in theirs]:
+        return None
+    return paired_ratio_interval(
+        [p["stats"]["new_tokens"] for p in ours],
+        [p["stats"]["time_s"] for p in ours],
+        [p["stats"]["new_tokens"] for p in theirs],
+        [p["stats"]["time_s"] for p in theirs],
+    )
+
+
+def throughput_interval(line: Line) -> Interval | None:
+    """tokens/s = Σ new tokens / Σ request seconds, bootstrapped over the cell's prompts."""
+    return prompt_interval(line, lambda s: s["new_tokens"], lambda s: s["time_s"])
+
+
+def bits_interval(line: Line, direction: str) -> Interval | None:
+    """Bits per token in `direction` without the session's messages, over the cell's prompts."""
+    return prompt_interval(line, lambda s: prompt_bits(s, direction), lambda s: s["new_tokens"])
 
 
 # ============================================================================ xcosd-bits
@@ -171,35 +230,47 @@ def _bits_cells(config: Config, ctx: Context) -> list[Cell]:
     ]
 
 
-def paper_bits_of_line(line: Line) -> tuple[int, int]:
-    """The paper's (uplink, downlink) bits summed over a cell's prompts."""
+def paper_bits_per_prompt(line: Line) -> list[tuple[int, int]]:
+    """The paper's (uplink, downlink) bits of each of a cell's prompts."""
     s = line["settings"]
     gamma = s["generation"]["gamma"]
     vocab = Vocab(**line["result"]["vocab"])
-    up = down = 0
-    for p in line["result"]["prompts"]:
-        u, d = paper_bits(
-            s["method"], Events.from_stats(p["stats"], gamma), vocab, gamma, s["generation"]
-        )
-        up, down = up + u, down + d
-    return up, down
+    return [
+        paper_bits(s["method"], Events.from_stats(p["stats"], gamma), vocab, gamma, s["generation"])
+        for p in line["result"]["prompts"]
+    ]
+
+
+def paper_bits_of_line(line: Line) -> tuple[int, int]:
+    """The paper's (uplink, downlink) bits summed over a cell's prompts."""
+    per_prompt = paper_bits_per_prompt(line)
+    return sum(u for u, _ in per_prompt), sum(d for _, d in per_prompt)
 
 
 def _bits_table(lines: list[Line]) -> list[Row]:
+    from wanspec.bench.stats import ci_column, ratio_interval
+
     rows = []
     for line in lines:
         t = _totals(line)
-        up, down = paper_bits_of_line(line)
+        per_prompt = paper_bits_per_prompt(line)
+        up, down = sum(u for u, _ in per_prompt), sum(d for _, d in per_prompt)
+        tokens = [p["stats"]["new_tokens"] for p in line["result"]["prompts"]]
         rows.append(
             {
                 "dataset": line["settings"]["dataset"]["name"],
                 "method": line["settings"]["method"],
                 "tokens": t["tokens"],
                 "acceptance": _acceptance(line),
+                ci_column("acceptance"): _acceptance_interval(line),
                 "uplink wire": _per_token(t["up_bits"], t["tokens"]),
+                ci_column("uplink wire"): bits_interval(line, "up"),
                 "uplink paper": _per_token(up, t["tokens"]),
+                ci_column("uplink paper"): ratio_interval([u for u, _ in per_prompt], tokens),
                 "downlink wire": _per_token(t["down_bits"], t["tokens"]),
+                ci_column("downlink wire"): bits_interval(line, "down"),
                 "downlink paper": _per_token(down, t["tokens"]),
+                ci_column("downlink paper"): ratio_interval([d for _, d in per_prompt], tokens),
             }
         )
     return rows
@@ -244,6 +315,8 @@ def _rate_cells(config: Config, ctx: Context) -> list[Cell]:
 
 
 def _rate_table(lines: list[Line]) -> list[Row]:
+    from wanspec.bench.stats import ci_column
+
     rows = []
     for line in lines:
         t = _totals(line)
@@ -256,6 +329,7 @@ def _rate_table(lines: list[Line]) -> list[Row]:
                 "downlink bps": line["settings"]["link"]["downlink_bps"],
                 "tokens": t["tokens"],
                 "tokens/s": t["tokens"] / t["time_s"] if t["time_s"] else None,
+                ci_column("tokens/s"): throughput_interval(line),
                 "per-token latency ms": 1e3 * sum(latencies) / len(latencies)
                 if latencies
                 else None,
@@ -263,13 +337,15 @@ def _rate_table(lines: list[Line]) -> list[Row]:
             }
         )
     reference = {
-        (r["dataset"], r["downlink bps"]): r["tokens/s"]
-        for r in rows
+        (r["dataset"], r["downlink bps"]): (r["tokens/s"], line)
+        for r, line in zip(rows, lines, strict=True)
         if r["method"] == REFERENCE_METHOD
     }
-    for r in rows:
-        base = reference.get((r["dataset"], r["downlink bps"]))
+    for r, line in zip(rows, lines, strict=True):
+        base, base_line = reference.get((r["dataset"], r["downlink bps"]), (None, None))
         r["speedup vs ar"] = r["tokens/s"] / base if base and r["tokens/s"] else None
+        speedup = speedup_interval(line, base_line) if r["speedup vs ar"] is not None else None
+        r[ci_column("speedup vs ar")] = speedup
     return rows
 
 
@@ -459,11 +535,16 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def _analysis_table(lines: list[Line]) -> list[Row]:
+    from wanspec.bench.stats import ci_column, ratio_interval
+
     rows = []
     for line in lines:
         s, runs = line["settings"], line["result"]["runs"]
         alpha, gamma = s["alpha"], s["gamma"]
         accepted = [a for r in runs for a in r["accepted_per_round"][:-1]]  # last round may be cut
+        # intervals over the seeds: each seed's run is one independent sequence of rounds
+        per_run = [r["accepted_per_round"][:-1] for r in runs]
+        rounds = [len(a) for a in per_run]
         e_l = expected_length(alpha, gamma)
         cycle = gamma * s["edge_ms"] + 1e3 * s["rtt_s"] + s["cloud_ms"]
         sim_l = _mean([min(a + 1, gamma) for a in accepted])
@@ -475,9 +556,15 @@ def _analysis_table(lines: list[Line]) -> list[Row]:
                 "rounds": len(accepted),
                 "E[L] formula": e_l,
                 "E[L] sim": sim_l,
+                ci_column("E[L] sim"): ratio_interval(
+                    [sum(min(a + 1, gamma) for a in run) for run in per_run], rounds
+                ),
                 "E[L] rel. error": sim_l / e_l - 1,
                 "tokens/round formula": expected_length(alpha, gamma + 1),
                 "tokens/round sim": _mean([a + 1 for a in accepted]),
+                ci_column("tokens/round sim"): ratio_interval(
+                    [sum(a + 1 for a in run) for run in per_run], rounds
+                ),
                 "cycle ms formula": cycle,
                 "cycle ms sim": sim_cycle,
                 "cycle rel. error": sim_cycle / cycle - 1,

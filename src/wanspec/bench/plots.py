@@ -1,4 +1,7 @@
-"""Figures of the experiments, drawn with matplotlib's Agg backend into PNG and SVG files."""
+"""Figures of the experiments, drawn with matplotlib's Agg backend into PNG and SVG files.
+
+Where a row carries a measure's 95 % interval (its "<measure> 95% CI" column), the figure draws
+it as a vertical line through the point or bar."""
 
 from __future__ import annotations
 
@@ -10,6 +13,8 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
+
+from wanspec.bench.stats import ci_column
 
 Rows = Sequence[dict[str, Any]]
 
@@ -26,6 +31,15 @@ def save(fig: Any, folder: Path, stem: str) -> list[Path]:
 
 def _distinct(rows: Rows, key: str) -> list[Any]:
     return list(dict.fromkeys(r[key] for r in rows))
+
+
+def interval_bars(ax: Any, xs: Sequence[Any], intervals: Sequence[Any], color: Any) -> None:
+    """Each (lo, hi) interval as a vertical line at its x; None (no interval) draws nothing.
+    A line, not an error bar: a bootstrap interval need not hold its point estimate."""
+    points = [(x, ci) for x, ci in zip(xs, intervals, strict=True) if ci is not None]
+    if points:
+        lows, highs = [ci[0] for _, ci in points], [ci[1] for _, ci in points]
+        ax.vlines([x for x, _ in points], lows, highs, colors=color, linewidth=1.5, alpha=0.7)
 
 
 def grouped_bars(
@@ -47,12 +61,25 @@ def grouped_bars(
             xs = [i + (j - (len(names) - 1) / 2) * width for i in range(len(groups))]
             ys = [values.get(g) or 0 for g in groups]
             ax.bar(xs, ys, width=width, label=str(name))
+            cis = {r[group]: r.get(ci_column(column)) for r in rows if r[series] == name}
+            interval_bars(ax, xs, [cis.get(g) for g in groups], "black")
         ax.set_xticks(range(len(groups)), [str(g) for g in groups], rotation=30, ha="right")
         ax.set_yscale("symlog", linthresh=1)
         ax.set_title(title)
         ax.set_ylabel(ylabel)
     axes.flat[0].legend(fontsize="small")
     return fig
+
+
+def _dodge(j: int, n: int, xs: Sequence[float], logx: bool) -> Callable[[float], float]:
+    """Where series j of n draws its intervals: beside the point, a little apart from the other
+    series' (otherwise intervals at one x hide each other)."""
+    step = j - (n - 1) / 2
+    if logx:
+        factor = 10 ** (0.012 * step)
+        return lambda x: x * factor
+    span = (max(xs) - min(xs)) if xs else 0.0
+    return lambda x: x + 0.006 * step * (span or 1.0)
 
 
 def lines_vs(
@@ -72,11 +99,25 @@ def lines_vs(
     )
     for i, value in enumerate(facets):
         subset = [r for r in rows if r[facet] == value]
+        xs_all = [float(r[x]) for r in subset]
+        names = _distinct(subset, series)
         for ax, (column, title) in zip(axes[i], panels, strict=True):
-            for name in _distinct(subset, series):
-                points = sorted((r[x], r[column]) for r in subset if r[series] == name)
-                points = [(a, b) for a, b in points if b is not None]
-                ax.plot([a for a, _ in points], [b for _, b in points], marker="o", label=str(name))
+            for j, name in enumerate(names):
+                points = sorted(
+                    (
+                        (r[x], r[column], r.get(ci_column(column)))
+                        for r in subset
+                        if r[series] == name
+                    ),
+                    key=lambda p: p[0],
+                )
+                points = [p for p in points if p[1] is not None]
+                xs = [a for a, _, _ in points]
+                (line,) = ax.plot(xs, [b for _, b, _ in points], marker="o", label=str(name))
+                shift = _dodge(j, len(names), xs_all, logx)
+                interval_bars(
+                    ax, [shift(a) for a in xs], [ci for _, _, ci in points], line.get_color()
+                )
             if logx:
                 ax.set_xscale("log")
             ax.set_title(f"{title} ({value})")

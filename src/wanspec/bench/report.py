@@ -31,6 +31,11 @@ Generated {date} from the results under `{out}`. Every number below comes from t
 commands that produced it. The full configuration (`--config full`: the shared prompt sets of
 `../shared/data`, 100 prompts each, Qwen2.5-Coder-1.5B target) runs the same commands with
 `--config full`; on a 2-core CPU it takes weeks, not minutes.
+
+A column "X 95% CI" holds column X's interval: a percentile bootstrap over the cell's prompts
+(2000 resamples, fixed seed; a speedup resamples the same prompts for both cells). With 8 prompts
+such an interval covers the truth only about 90 % of the time: read it as a lower bound on the
+uncertainty. It is empty for a cell of one prompt.
 """
 
 

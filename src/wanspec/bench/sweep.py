@@ -92,12 +92,18 @@ def run_experiment(
     data_dir: Path | None = None,
     progress: bool = True,
     command: str | None = None,
+    reuse: bool = True,
 ) -> SweepSummary:
-    """Run (or resume) `name` under `config` into `out/name`, then write its table and plots."""
+    """Run (or resume) `name` under `config` into `out/name`, then write its table and plots.
+
+    `reuse`: the generation cells share one job store (`wanspec.models.replay`), so cells that
+    differ only in link or profiles compute each model pass once; results are the same."""
     experiment = get_experiment(name)
     name = experiment.name  # an alias runs into its experiment's folder
     folder = Path(out) / name
     ctx = Context(threads=config.threads, data_dir=data_dir, loading=config.loading())
+    if not reuse:
+        ctx.reuse = None
     cells = with_loading(experiment.cells(config, ctx), config)
     started = datetime.now(UTC).isoformat(timespec="seconds")
     summary = run_sweep(
@@ -107,6 +113,8 @@ def run_experiment(
         description=name,
         progress=progress,
     )
+    if ctx.reuse is not None:
+        summary.reuse = ctx.reuse.counters()
     manifest = _read_manifest(folder) or {"experiment": name, "runs": []}
     manifest.update(config=jsonable(asdict(config)), cells=[c.hash for c in cells])
     manifest["runs"].append(
@@ -117,12 +125,20 @@ def run_experiment(
             "wall_s": round(summary.wall_s, 1),
             "cells_run": len(summary.ran),
             "cells_skipped": len(summary.skipped),
+            **_passes(summary),
             "environment": environment(),
         }
     )
     (folder / MANIFEST).write_text(json.dumps(manifest, indent=1, ensure_ascii=False) + "\n")
     finalize(folder)
     return summary
+
+
+def _passes(summary: SweepSummary) -> dict[str, int]:
+    """The model passes the job store computed and replayed (nothing where none went through
+    it: a run without reuse, or an experiment whose cells do not use it)."""
+    passes = {k: (summary.reuse or {}).get(k, 0) for k in ("passes_run", "passes_replayed")}
+    return passes if any(passes.values()) else {}
 
 
 def _read_manifest(folder: Path) -> dict[str, Any] | None:
