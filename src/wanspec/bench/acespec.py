@@ -1,11 +1,12 @@
-"""AceSpec's experiments (paper Table I, Fig. 5, Table II, Figs. 6 and 7) and issue 8's benchmark.
+"""AceSpec's experiments (paper Table I, Fig. 5, Table II, Figs. 6 and 7) and the pipelines'
+targets.
 
 - `acespec-table1`: speedup over `ar` of every AceSpec baseline, per dataset, on the shared pair
   and (methods that work across vocabularies only) the heterogeneous pair;
 - `acespec-bandwidth`: tokens/s against the link rate (both directions), 100 Mbit/s … 10 kbit/s;
 - `acespec-ablation` (alias `ablation`): single / uniform / geometric trees at one fixed budget,
-  plus, from the same run, issue 8's table: the pipelines at 100 Mbit/s beside the ideal-pipeline
-  bound, and AceSpec at 50 kbit/s as a fraction of its 100 Mbit/s throughput (`summary.md`);
+  plus, from the same run, the pipelines at 100 Mbit/s beside the ideal-pipeline bound, and
+  AceSpec at 50 kbit/s as a fraction of its 100 Mbit/s throughput (`summary.md`);
 - `acespec-budget`, `acespec-temperature`: tree-cache hit rate against B and against T.
 
 Why these profiles. AceSpec's testbed is an AGX Orin edge and a 4×A100 cloud; wanspec prices
@@ -62,12 +63,12 @@ if TYPE_CHECKING:
     from wanspec.bench.stats import Interval
 
 TABLE1_METHODS = ("ar", "sd", "split", "picospec", "dssd", "acespec", "acespec-x")
-PIPELINE_METHODS = ("ar", "sd", "picospec", "acespec", "acespec-x")  # issue 8's table
+PIPELINE_METHODS = ("ar", "sd", "picospec", "acespec", "acespec-x")  # the pipelines' table
 BANDWIDTH_METHODS = ("ar", "picospec", "acespec")
 TEMPERATURE_METHODS = ("picospec", "acespec")
 TREE_METHODS = ("acespec", "acespec-x")  # the methods that take tree_* settings
 ALLOCATIONS = ("single", "uniform", "geometric")
-# issue 8's targets
+# the pipelines' targets: acespec over picospec, of the ideal bound, kept on a constrained link
 TARGET_VS_PICOSPEC = 1.2
 TARGET_OF_BOUND = 0.9
 TARGET_CONSTRAINED = 0.9
@@ -497,7 +498,7 @@ PART_SHAPES, PART_METHODS, PART_CONSTRAINED = "Table II", "pipelines", "constrai
 
 
 def _ablation_cells(config: Config, ctx: Context) -> list[Cell]:
-    """Issue 8's pipelines first, then the constrained link, then Table II's shapes (a run cut
+    """The pipelines first, then the constrained link, then Table II's shapes (a run cut
     short keeps the cells that matter most)."""
     setup = setup_of(config)
     fixed = {"tree_fixed": True, "tree_budget": setup.ablation_budget}
@@ -552,7 +553,7 @@ def _markdown(rows: list[Row]) -> str:
 
 
 def _ablation_summary(rows: list[Row]) -> str:
-    """Per dataset: whether this run tells Table II's tree shapes apart, then issue 8's tables
+    """Per dataset: whether this run tells Table II's tree shapes apart, then the pipelines' tables
     (the pipelines at the fast link beside the ideal bound, the constrained link as a fraction
     of the fast one, and whether the targets are met)."""
     parts = []
@@ -690,7 +691,7 @@ def _dataset_summary(dataset: str, fast: dict[str, Row], slow: list[Row]) -> str
             "",
             _markdown(constrained),
             "",
-            f"### Issue 8 targets ({dataset})",
+            f"### Pipeline targets ({dataset})",
             "",
             _markdown(targets),
         ]
@@ -811,7 +812,7 @@ ACESPEC_EXPERIMENTS = [
         "picospec, acespec (network-aware budget up to B_max) and acespec-x at 100 Mbit/s; "
         "constrained: acespec at 50 kbit/s. The summary says whether the shapes' hit-rate and "
         "tokens/s intervals tell them apart, sets each pipeline beside the ideal-pipeline "
-        "bound and checks issue 8's targets.",
+        "bound and checks the pipelines' targets.",
         _ablation_cells,
         run_generation_cell,
         _ablation_table,
@@ -840,4 +841,4 @@ ACESPEC_EXPERIMENTS = [
 ]
 
 EXPERIMENTS.update({e.name: e for e in ACESPEC_EXPERIMENTS})
-ALIASES["ablation"] = "acespec-ablation"  # issue 8's name
+ALIASES["ablation"] = "acespec-ablation"  # the short name

@@ -652,4 +652,4 @@ def get_experiment(name: str) -> Experiment:
 
 # AceSpec's experiments add themselves to EXPERIMENTS and ALIASES (that module imports this one)
 from wanspec.bench import acespec as _acespec  # noqa: E402, F401
-from wanspec.bench import capacity as _capacity  # noqa: E402, F401  (issue 12: edges per cloud)
+from wanspec.bench import capacity as _capacity  # noqa: E402, F401  (edges per cloud)
