@@ -478,6 +478,8 @@ async def generate_async(
         raise RemoteError(f"the session with {where} broke off: {exc}{hint}") from exc
     finally:
         executor.shutdown(wait=False, cancel_futures=True)
+        if machine.done:  # it said Close: let the server read it before the connection goes
+            await _hang_up(transport.current if isinstance(transport, EdgeStream) else stream)
         if isinstance(transport, EdgeStream):
             transport.close()
             await close_stream(transport.current)
@@ -496,10 +498,19 @@ async def _abandon(transport: MessageStream | EdgeStream, machine: EdgeMachine) 
     connection, and a reset can destroy the Close before the server has read it."""
     if machine.done or not transport.sent.messages:
         return  # over already (it said Close itself), or the server has no Hello yet
-    stream = transport.current if isinstance(transport, EdgeStream) else transport
     with contextlib.suppress(OSError, TimeoutError, wire.WireError):
         async with asyncio.timeout(CLOSE_WAIT_S):
             await transport.send(wire.Close("cancelled"))
+    await _hang_up(transport.current if isinstance(transport, EdgeStream) else transport)
+
+
+async def _hang_up(stream: MessageStream) -> None:
+    """After our Close: end our side and read what the server still sends until it hangs up
+    (at most `CLOSE_WAIT_S`). Closing with unread bytes would reset the connection, and a reset
+    can destroy the Close in a relay's or the server's buffers before it is read: the server
+    would then record the edge as gone instead of done."""
+    with contextlib.suppress(OSError, TimeoutError):
+        async with asyncio.timeout(CLOSE_WAIT_S):
             if stream.writer.can_write_eof():
                 stream.writer.write_eof()
             while await stream.reader.read(64 << 10):
