@@ -67,10 +67,14 @@ def _percentiles(values: np.ndarray, level: float) -> Interval | None:
     return Interval(float(lo), float(hi))
 
 
-def _ratios(num: np.ndarray, den: np.ndarray, idx: np.ndarray) -> np.ndarray:
-    top, bottom = num[idx].sum(axis=1), den[idx].sum(axis=1)
+def _divide(top: np.ndarray, bottom: np.ndarray) -> np.ndarray:
+    """top / bottom elementwise, NaN (an undefined resample) where bottom is 0."""
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(bottom != 0, top / np.where(bottom != 0, bottom, 1), np.nan)
+
+
+def _ratios(num: np.ndarray, den: np.ndarray, idx: np.ndarray) -> np.ndarray:
+    return _divide(num[idx].sum(axis=1), den[idx].sum(axis=1))
 
 
 def ratio_interval(
@@ -125,9 +129,7 @@ def paired_ratio_interval(
         return None
     idx = _resamples(num_a.size, resamples, seed)
     rate, reference = _ratios(num_a, den_a, idx), _ratios(ref_num_a, ref_den_a, idx)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = np.where(reference != 0, rate / np.where(reference != 0, reference, 1), np.nan)
-    return _percentiles(ratio, level)
+    return _percentiles(_divide(rate, reference), level)
 
 
 def number_text(value: float) -> str:
