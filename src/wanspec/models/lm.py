@@ -511,18 +511,21 @@ class HFLanguageModel(LanguageModel):
 
 
 class _SwappedLinear(torch.nn.Linear):
-    """nn.Linear computing x Wᵀ as (W xᵀ)ᵀ, with one row padded to two.
+    """nn.Linear computing x Wᵀ as (W xᵀ)ᵀ, with one row padded to two when threads are many.
 
     On CPU (MKL, fp32) the skinny `x @ Wᵀ` gemm that F.linear uses is 2-6x slower for a few rows
-    than `W @ xᵀ`, and the one-row gemv runs on one thread; for a 0.5B model this halves the
-    cost of verifying 2-4 tokens and cuts single-token decoding by ~20%. Same math, only the
-    summation order differs (~1e-6 relative).
+    than `W @ xᵀ`: for a 0.5B model this halves the cost of verifying 2-4 tokens. One row is
+    a gemv, which MKL runs on one thread: with several threads the two-row gemm is ~20 %
+    faster, with one thread the gemv is ~1.8x faster than it, so one row goes to F.linear
+    there. Same math, only the summation order differs (~1e-6 relative).
     """
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         flat = x.reshape(-1, x.shape[-1])
         rows = flat.shape[0]
         if rows == 1:
+            if torch.get_num_threads() == 1:
+                return super().forward(x)
             flat = flat.repeat(2, 1)
         out = torch.mm(self.weight, flat.T)[:, :rows].T
         if self.bias is not None:
