@@ -1,4 +1,4 @@
-"""Exact with respect to the target's FLOAT q (issue 10).
+"""Exact with respect to the target's FLOAT q.
 
 The cloud decides with the float q and the draft's exactly reported p̃; a method that ships q
 rounds it to `q_bits`-bit counts and is exact with respect to that q̂. The primitives are checked

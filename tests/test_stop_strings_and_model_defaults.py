@@ -1,6 +1,7 @@
-"""Issue 10's wiring, end to end on tiny models: stop strings as transformers' StopStringCriteria
-(the target tokenizer and the prompt reach the edge's StopChecker), and the target's own
-generation_config when a request names no sampling setting."""
+"""A request's stop strings and the target's defaults reach the machines, end to end on tiny
+models: stop strings as transformers' StopStringCriteria (the target tokenizer and the prompt
+reach the edge's StopChecker), and the target's own generation_config when a request names no
+sampling setting."""
 
 from __future__ import annotations
 
