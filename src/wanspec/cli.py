@@ -10,10 +10,8 @@ from typing import Any
 import click
 
 from wanspec import __version__
-from wanspec.models.cli import loading_kwargs, loading_options
-
-DEFAULT_TARGET = "qwen2.5-coder-0.5b"
-DEFAULT_DRAFT = "smollm2-135m"
+from wanspec.models.cli import USER_ERRORS, loading_kwargs, loading_options
+from wanspec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -56,14 +54,6 @@ def methods(as_json: bool) -> None:
     for row in [header, *table]:
         cells = [cell.ljust(width) for cell, width in zip(row[:3], widths, strict=True)]
         click.echo("  ".join([*cells, row[3]]))
-
-
-def _user_errors() -> tuple[type[BaseException], ...]:
-    """Errors caused by what the user asked for: shown as a message, not a traceback."""
-    from wanspec.assets import AssetError
-    from wanspec.models.registry import ModelError
-
-    return (ValueError, FileNotFoundError, ModelError, AssetError)
 
 
 def _profile_options(f: Any) -> Any:
@@ -269,7 +259,7 @@ def generate(
             charge_protocol_cpu=charge_protocol_cpu,
             **settings,
         )
-    except _user_errors() as err:
+    except USER_ERRORS as err:
         raise click.ClickException(str(err)) from err
     _print_result(result, as_json)
 
@@ -302,7 +292,7 @@ def _generate_remote(
         draft_lm = load_model(resolve_model(draft), **loading_kwargs(**loading))
         edge = load_edge(draft_lm, target, server, ClientOptions(**remote), draft_name=draft)
         result = wanspec.generate(edge, prompt, method, server=server, **remote, **settings)
-    except (*_user_errors(), RemoteError) as err:
+    except (*USER_ERRORS, RemoteError) as err:
         raise click.ClickException(str(err)) from err
     _print_result(result, as_json)
 
@@ -379,7 +369,7 @@ def demo(
                 echo=click.echo,
                 **loading_kwargs(dtype, invariant, device),
             )
-    except _user_errors() as err:
+    except USER_ERRORS as err:
         raise click.ClickException(str(err)) from err
 
 
@@ -679,7 +669,7 @@ def serve(
         server = CloudServer(
             target_lm, info, **address, token=token, tls=tls, limits=rules, **batching
         )
-    except _user_errors() as err:
+    except USER_ERRORS as err:
         raise click.ClickException(str(err)) from err
 
     def ready(s: CloudServer) -> None:

@@ -117,7 +117,7 @@ def _experiment_command(name: str, command_name: str | None = None) -> click.Com
         from dataclasses import replace
 
         from wanspec.bench.sweep import run_experiment
-        from wanspec.cli import _user_errors
+        from wanspec.models.cli import USER_ERRORS
 
         try:
             config = CONFIGS[config_name].with_overrides(
@@ -136,7 +136,7 @@ def _experiment_command(name: str, command_name: str | None = None) -> click.Com
                 command=_command_line(),
                 reuse=reuse,
             )
-        except _user_errors() as err:
+        except USER_ERRORS as err:
             raise click.ClickException(str(err)) from err
         except KeyboardInterrupt:
             raise click.ClickException(
@@ -228,7 +228,7 @@ def overhead(
 ) -> None:
     """The protocol's own CPU per round, per side and per phase, beside one target decode."""
     from wanspec.bench.overhead import PhaseTableError, run
-    from wanspec.cli import _user_errors
+    from wanspec.models.cli import USER_ERRORS
 
     try:
         run(
@@ -242,7 +242,7 @@ def overhead(
         )
     except PhaseTableError:
         raise  # a stale phase table is a bug to fix, with its traceback
-    except _user_errors() as err:
+    except USER_ERRORS as err:
         raise click.ClickException(str(err)) from err
 
 
@@ -284,8 +284,7 @@ def realsim(
     """The same requests over real TCP (server + WAN proxy here) and on the simulator with the
     protocol's CPU charged: real and simulated seconds per method, and their ratio."""
     from wanspec.bench.realsim import run
-    from wanspec.cli import _user_errors
-    from wanspec.models.cli import loading_kwargs
+    from wanspec.models.cli import USER_ERRORS, loading_kwargs
 
     try:
         run(
@@ -294,5 +293,5 @@ def realsim(
             echo=click.echo,
             **options,
         )
-    except _user_errors() as err:
+    except USER_ERRORS as err:
         raise click.ClickException(str(err)) from err

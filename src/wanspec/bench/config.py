@@ -18,10 +18,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from wanspec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+
 TINY_PAIR = ("tiny-hetero-target", "tiny-hetero-draft")  # built on first use (wanspec.models.tiny)
 TINY_SHARED_PAIR = ("tiny-shared-target", "tiny-shared-draft")  # the same, one shared tokenizer
 REAL_SHARED = ("qwen2.5-coder-1.5b", "qwen2.5-coder-0.5b")  # (target, draft): AceSpec's pair
-REAL_HETERO = ("qwen2.5-coder-0.5b", "smollm2-135m")  # two vocabularies
+REAL_HETERO = (DEFAULT_TARGET, DEFAULT_DRAFT)  # two vocabularies
 
 # what each task needs to be scored (the full configuration's budget; smaller ones cap it)
 TASK_TOKENS = {"translation": 64, "summary": 64, "math": 160, "mcq": 4, "code": 128}
@@ -157,8 +159,8 @@ CONFIGS: dict[str, Config] = {
     ),
     "quick": Config(
         name="quick",
-        target="qwen2.5-coder-0.5b",
-        draft="smollm2-135m",
+        target=DEFAULT_TARGET,
+        draft=DEFAULT_DRAFT,
         prompts=2,
         max_new_tokens=32,
         datasets=MINI_DATASETS,
@@ -170,8 +172,8 @@ CONFIGS: dict[str, Config] = {
     # the committed docs/RESULTS.md: every experiment in under an hour on one CPU core
     "moderate": Config(
         name="moderate",
-        target="qwen2.5-coder-0.5b",
-        draft="smollm2-135m",
+        target=DEFAULT_TARGET,
+        draft=DEFAULT_DRAFT,
         prompts=1,
         max_new_tokens=16,
         datasets=MINI_DATASETS,
@@ -184,7 +186,7 @@ CONFIGS: dict[str, Config] = {
     "full": Config(
         name="full",
         target="qwen2.5-coder-1.5b",
-        draft="smollm2-135m",
+        draft=DEFAULT_DRAFT,
         prompts=100,
         max_new_tokens=160,
         datasets=PAPER_DATASETS,

@@ -67,7 +67,8 @@ def edge(
     """Serve /v1/models, /v1/completions and /v1/chat/completions on --listen, each request
     decoded speculatively with the draft here and the target on --server; a dropped link to
     the cloud is resumed."""
-    from wanspec.cli import DEFAULT_DRAFT, DEFAULT_TARGET, _user_errors
+    from wanspec.models.cli import USER_ERRORS
+    from wanspec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
     from wanspec.net.client import ClientOptions, RemoteError
     from wanspec.net.resume import RetryPolicy
     from wanspec.net.units import parse_address
@@ -85,7 +86,7 @@ def edge(
         loading.update(loading_kwargs(dtype, invariant, device))
         models = (draft or DEFAULT_DRAFT, target or DEFAULT_TARGET)
         service = _service(server, *models, method, gamma, options, **loading)
-    except (*_user_errors(), RemoteError) as err:
+    except (*USER_ERRORS, RemoteError) as err:
         raise click.ClickException(str(err)) from err
     _serve(service, host, port)
 

@@ -12,9 +12,10 @@ from wanspec.assets import AssetError, artifact_path, is_cached
 from wanspec.models import registry
 from wanspec.models.convert import ConversionError
 
-__all__ = ["loading_kwargs", "loading_options", "models"]
+__all__ = ["USER_ERRORS", "loading_kwargs", "loading_options", "models"]
 
-USER_ERRORS = (AssetError, ConversionError, registry.ModelError)
+# What a command shows as a message, not a traceback: caused by what the user asked for.
+USER_ERRORS = (ValueError, FileNotFoundError, AssetError, ConversionError, registry.ModelError)
 DTYPES = ("float32", "bfloat16", "float16")
 
 

@@ -38,6 +38,8 @@ from wanspec.models.convert import (
 from wanspec.paths import cache_lock, check_free_space, wanspec_home
 
 __all__ = [
+    "DEFAULT_DRAFT",
+    "DEFAULT_TARGET",
     "MODELS",
     "TOKENIZER_FAMILIES",
     "ModelError",
@@ -56,6 +58,10 @@ __all__ = [
 
 MANIFEST = "wanspec.json"
 MANIFEST_FORMAT = 1
+
+# The pair every command uses when none is named: two vocabularies, both small enough for a CPU.
+DEFAULT_TARGET = "qwen2.5-coder-0.5b"
+DEFAULT_DRAFT = "smollm2-135m"
 
 
 class ModelError(RuntimeError):
