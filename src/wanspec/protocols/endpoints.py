@@ -27,6 +27,7 @@ from wanspec.protocols.base import (
     Start,
     shown,
 )
+from wanspec.protocols.methods import MethodInfo, get_method
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.protocols.stopping import StopChecker
 from wanspec.vocab import VocabAlignment
@@ -242,8 +243,6 @@ class CloudEndpoint(Machine):
         return self._on_request(msg)
 
     def _on_hello(self, hello: wire.Hello) -> list[Action]:
-        from wanspec.protocols.registry import get_method
-
         target = self.target
         if hello.protocol_version != PROTOCOL_VERSION:
             raise ProtocolError(
@@ -281,7 +280,7 @@ class CloudEndpoint(Machine):
         )
         return [Send(ack)]
 
-    def _alignment_for(self, info: Any, draft_tokenizer: str) -> VocabAlignment:
+    def _alignment_for(self, info: MethodInfo, draft_tokenizer: str) -> VocabAlignment:
         if not info.needs_draft:
             return self.target.vocab
         alignment = self.target.alignments.get(draft_tokenizer)

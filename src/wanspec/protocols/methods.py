@@ -1,0 +1,160 @@
+"""Every method by name, as plain data: what it is, whether it is lossless, which scheme and
+which machines (family) run it. `registry` builds the machines from it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from wanspec.protocols import schemes as spec
+from wanspec.protocols.base import shown
+
+
+@dataclass(frozen=True)
+class MethodInfo:
+    name: str
+    lossless: bool
+    description: str
+    scheme: type[spec.Scheme] | None  # None: not a draft/verify method
+    shared_vocab_only: bool = False
+    aliases: tuple[str, ...] = ()
+    source: str = ""
+    family: str = "speculative"  # speculative | pipeline | ar | split: which machines run it
+
+    @property
+    def needs_draft(self) -> bool:
+        """Whether the edge drafts (so the cloud needs the draft/target alignment)."""
+        return self.family in ("speculative", "pipeline")
+
+
+METHODS: dict[str, MethodInfo] = {
+    m.name: m
+    for m in [
+        MethodInfo(
+            "ar",
+            True,
+            "cloud-only autoregressive; tokens streamed down",
+            None,
+            source="baseline",
+            family="ar",
+        ),
+        MethodInfo(
+            "split",
+            False,
+            "split inference at the embedding layer: float16 activations up per token, tokens "
+            "down (exact up to float16 activations)",
+            None,
+            source="AceSpec baseline",
+            family="split",
+        ),
+        MethodInfo(
+            "sd",
+            True,
+            "vanilla stop-and-wait SD; cloud verifies and resamples (asks the "
+            "edge for p_j at a rejection)",
+            spec.AskForDraftDist,
+            True,
+            source="baseline",
+        ),
+        MethodInfo(
+            "cosd",
+            True,
+            "CoSD: edge resamples; full q_j downlink at a rejection",
+            spec.ResidualDownlink,
+            True,
+            ("dssd",),
+            "X-CoSD baseline / DSSD",
+        ),
+        MethodInfo(
+            "naive",
+            True,
+            "TLI drafting + full q_j over V_L downlink; O tokens by id",
+            spec.ResidualDownlink,
+            source="X-CoSD baseline",
+        ),
+        MethodInfo(
+            "ul",
+            True,
+            "uplink every draft distribution; cloud resamples",
+            spec.UplinkDists,
+            source="X-CoSD baseline",
+        ),
+        MethodInfo(
+            "xcosd",
+            True,
+            "X-CoSD hybrid resampling (q on C + θ_o; O-sample as a piece)",
+            spec.Hybrid,
+            source="X-CoSD",
+        ),
+        MethodInfo(
+            "xcosd-e",
+            True,
+            "X-CoSD-E: SR-DV, K candidates × M rounds; then the edge uploads p̃ of that position "
+            "and the cloud draws the residual of its float q",
+            spec.ServerResampleDeviceVerify,
+            aliases=("srdv",),
+            source="X-CoSD",
+        ),
+        MethodInfo(
+            "gr",
+            False,
+            "greedy replacement by the cloud's argmax at a rejection",
+            spec.GreedyReplacement,
+            source="X-CoSD baseline",
+        ),
+        MethodInfo(
+            "tr",
+            False,
+            "top-k truncated q_j downlink, residual over the truncation",
+            spec.TruncatedResidual,
+            source="X-CoSD baseline",
+        ),
+        MethodInfo(
+            "uhlm",
+            False,
+            "U-HLM: confident draft tokens skip verification (E, η_max, "
+            "u_th); uncertain ones upload p",
+            spec.UncertaintySkip,
+            source="X-CoSD baseline",
+        ),
+        MethodInfo(
+            "picospec",
+            True,
+            "asynchronous single chain: drafts the continuation while the chain is verified; "
+            "flushes and redrafts on a rejection",
+            spec.ResidualDownlink,
+            True,
+            source="AceSpec baseline (PicoSpec)",
+            family="pipeline",
+        ),
+        MethodInfo(
+            "acespec",
+            True,
+            "asynchronous tree cache: top-F_k alternatives per depth drafted while the chain is "
+            "verified; a rejection becomes a cache lookup (network-aware budget, geometric shape)",
+            spec.ResidualDownlink,
+            True,
+            source="AceSpec",
+            family="pipeline",
+        ),
+        MethodInfo(
+            "acespec-x",
+            True,
+            "AceSpec's pipeline on a heterogeneous pair: TLI drafting, the rejected position "
+            "resolved by SR-DV (after M rounds, the residual drawn on the cloud from the uploaded "
+            "p̃), so the lookup needs no extra round trip",
+            spec.ServerResampleDeviceVerify,
+            source="wanspec (in neither paper)",
+            family="pipeline",
+        ),
+    ]
+}
+
+_ALIASES = {alias: m.name for m in METHODS.values() for alias in m.aliases}
+
+
+def get_method(name: str) -> MethodInfo:
+    key = _ALIASES.get(name, name)
+    if key not in METHODS:
+        known = ", ".join(sorted([*METHODS, *_ALIASES]))
+        raise ValueError(f"unknown method {shown(name)}; known methods: {known}")
+    return METHODS[key]
