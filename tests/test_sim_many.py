@@ -54,17 +54,25 @@ def pair() -> tuple[VocabAlignment, SyntheticLM, SyntheticLM]:
 
 
 def _session(
-    pair, i: int, *, method: str = "cosd", link: Link = FAST, start: float = 0.0, tokens: int = 32
+    pair,
+    i: int,
+    *,
+    method: str = "cosd",
+    link: Link = FAST,
+    start: float = 0.0,
+    tokens: int = 32,
+    prompt: int = 3,
 ) -> EdgeSession:
-    """Edge i's request: its own prompt ids and seed, its own model sessions."""
+    """Edge i's request: its own prompt ids (`prompt` of them) and seed, its own sessions."""
     alignment, draft, target = pair
+    ids = [7 + (k * 13 + i) % 250 for k in range(prompt - 3)] + [7, 8, 9 + i]
     edge, cloud = build_machines(
         method,
         draft_lm=draft,
         target_lm=target,
         alignment=alignment,
-        draft_encode=lambda _: [7, 8, 9 + i],
-        target_encode=lambda _: [7, 8, 9 + i],
+        draft_encode=lambda _: ids,
+        target_encode=lambda _: ids,
         target_decode=lambda ids: "",
         prompt="",
         settings=GenerationSettings(gamma=4, max_new_tokens=tokens, seed=i, temperature=1.0),
@@ -216,9 +224,47 @@ def test_the_token_cap_splits_a_batch_and_keeps_the_tokens(pair) -> None:
     assert max(p.tokens for p in uncapped.passes) > 12
     run = simulate_many([_session(pair, i) for i in range(4)], CLOUD, max_batch_tokens=12)
     assert all(p.tokens <= 12 or len(p.sessions) == 1 for p in run.passes)
+    assert all(p.padded_tokens <= 12 or len(p.sessions) == 1 for p in run.passes)
     assert _batched(run) > 1
     for i in range(4):
         assert run.sessions[i].tokens == _alone(_session(pair, i)).tokens
+
+
+def test_no_batching_runs_one_job_per_pass(pair) -> None:
+    """`max_batch_tokens=0`, as `wanspec serve --no-batching`: one job per pass, the same tokens,
+    the accelerator busier than when it batches."""
+    run = simulate_many([_session(pair, i) for i in range(4)], CLOUD, max_batch_tokens=0)
+    batched = simulate_many([_session(pair, i) for i in range(4)], CLOUD)
+    assert _batched(run) == 1 and _batched(batched) > 1
+    assert run.cloud_busy_s > batched.cloud_busy_s
+    for i in range(4):
+        assert run.sessions[i].tokens == _alone(_session(pair, i)).tokens
+
+
+def test_a_long_prompt_is_fed_in_pieces_as_the_server_feeds_it(pair) -> None:
+    """A 40-token prompt with `prefill_chunk=16`: three passes of 16, 16, 8 tokens, each priced
+    after the cache the earlier ones built, the job still one job with its alone tokens; other
+    sessions' jobs run between the pieces. With `prefill_chunk=0` it times as `simulate`."""
+    alone = _alone(_session(pair, 0, prompt=40))
+    (whole,) = simulate_many([_session(pair, 0, prompt=40)], CLOUD, prefill_chunk=0).sessions
+    assert whole.duration_s == pytest.approx(alone.duration_s, abs=1e-9)
+    lone = simulate_many([_session(pair, 0, prompt=40)], CLOUD, prefill_chunk=16)
+    pieces = [ComputeCost("forward", n=n, context=c) for n, c in ((16, 0), (16, 16), (8, 32))]
+    assert [p.tokens for p in lone.passes[:3]] == [16, 16, 8]
+    assert [p.seconds for p in lone.passes[:3]] == pytest.approx([CLOUD.seconds(c) for c in pieces])
+    (res,) = lone.sessions
+    assert res.tokens == alone.tokens and res.computes == alone.computes
+    prefill = ComputeCost("forward", n=40, context=0)
+    extra = sum(CLOUD.seconds(c) for c in pieces) - CLOUD.seconds(prefill)
+    assert res.compute_busy_s["cloud"] == pytest.approx(alone.compute_busy_s["cloud"] + extra)
+    prompts = [40, 3, 3, 3]
+    specs = [_session(pair, i, start=1e-3 * i, prompt=n) for i, n in enumerate(prompts)]
+    run = simulate_many(specs, CLOUD, prefill_chunk=16)
+    with_0 = [k for k, p in enumerate(run.passes) if 0 in p.sessions]
+    others = [k for k, p in enumerate(run.passes) if set(p.sessions) - {0}]
+    assert others[0] < with_0[2]  # another session's job ran before the prompt's last piece
+    for i in range(4):
+        assert run.sessions[i].tokens == _alone(_session(pair, i, prompt=prompts[i])).tokens
 
 
 # ============================================================================ a slow edge
@@ -251,7 +297,11 @@ def test_bad_input_gets_a_clear_error(pair) -> None:
     with pytest.raises(ValueError, match="table profile"):
         simulate_many([_session(pair, 0), _session(pair, 1)], "measured")
     with pytest.raises(ValueError, match="max_batch_tokens"):
-        simulate_many([_session(pair, 0)], CLOUD, max_batch_tokens=0)
+        simulate_many([_session(pair, 0)], CLOUD, max_batch_tokens=-1)
+    with pytest.raises(ValueError, match="prefill_chunk"):
+        simulate_many([_session(pair, 0)], CLOUD, prefill_chunk=-1)
+    with pytest.raises(TypeError, match="prefill_chunk"):
+        simulate_many([_session(pair, 0)], CLOUD, prefill_chunk=1.5)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="start_s"):
         simulate_many([replace(_session(pair, 0), start_s=-1.0)], CLOUD)
     with pytest.raises(TypeError, match="EdgeSession"):

@@ -1,11 +1,13 @@
 """`wanspec bench capacity`: how many edges one cloud serves before each edge slows down by 20%.
 
 N edges (1, 2, 4, … 64), each with its own link and request, share one cloud accelerator on the
-simulator (`wanspec.sim.simulate_many`): the cloud batches continuously, each pass priced by the
-cloud profile's `T(tokens, sessions)` (weights read once per pass, per-token compute along the
-profile's slope, each further session's KV-cache read). Cloud profiles: `cloud-a100-8b` (one
-A100, X-CoSD's server, with X-CoSD's TITAN RTX edge) and the 4×A100 `cloud-a100-32b` and
-`cloud-a100x4-70b` (AceSpec's cloud, with its Orin edge).
+simulator (`wanspec.sim.simulate_many`): the cloud batches continuously by the policy `wanspec
+serve`'s model thread runs (`wanspec.models.batch_policy`: the oldest job, then each later one
+that keeps rows × longest row within `max_batch_tokens`; a prompt over `prefill_chunk` tokens in
+pieces), each pass priced by the cloud profile's `T(tokens, sessions)` (weights read once per
+pass, per-token compute along the profile's slope, each further session's KV-cache read).
+Cloud profiles: `cloud-a100-8b` (one A100, X-CoSD's server, with X-CoSD's TITAN RTX edge) and the
+4×A100 `cloud-a100-32b` and `cloud-a100x4-70b` (AceSpec's cloud, with its Orin edge).
 
 Tokens: the synthetic pair with i.i.d. per-token acceptance α (default 0.8, about what the real
 Qwen2.5-Coder 0.5B → 1.5B pair measured in the AceSpec benchmark), so a sweep of hundreds of
@@ -33,7 +35,7 @@ from wanspec.bench.config import REAL_SHARED, TINY_SHARED_PAIR, Config
 from wanspec.bench.context import Context
 from wanspec.bench.experiments import EXPERIMENTS, Experiment, Line, Row, synthetic_pair
 from wanspec.bench.runner import Cell
-from wanspec.sim.many import DEFAULT_MAX_BATCH_TOKENS
+from wanspec.models.batch_policy import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_PREFILL_CHUNK
 
 SLOWDOWN = 0.2  # the question's 20%
 PAPER_CLOUDS = (  # (cloud profile, the edge profile of the paper that used that cloud)
@@ -58,7 +60,8 @@ class CapacitySetup:
     temperature: float = 1.0
     bandwidth_bps: float = 100e6
     stagger_s: float = 0.5
-    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS
+    max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS  # the server's defaults
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     dataset: str = "mini-math"
 
 
@@ -190,14 +193,13 @@ def _run_cell(cell: Cell, ctx: Context) -> dict[str, Any]:
     from wanspec.sim import simulate_many
 
     s = cell.settings
+    batching = {"max_batch_tokens": s["max_batch_tokens"], "prefill_chunk": s["prefill_chunk"]}
     if s["mode"] == "alone":
         edges = _sessions(s, ctx, [0.0] * s["edges"])
-        runs = [simulate_many([one], s["cloud_profile"]).sessions[0] for one in edges]
+        runs = [simulate_many([one], s["cloud_profile"], **batching).sessions[0] for one in edges]
         return {"sessions": [_session_stats(r) for r in runs]}
     starts = start_times(s["seed"], s["edges"], s["stagger_s"])
-    run = simulate_many(
-        _sessions(s, ctx, starts), s["cloud_profile"], max_batch_tokens=s["max_batch_tokens"]
-    )
+    run = simulate_many(_sessions(s, ctx, starts), s["cloud_profile"], **batching)
     return {
         "sessions": [_session_stats(r) for r in run.sessions],
         "starts": starts,
@@ -333,7 +335,8 @@ def _plot(rows: list[Row], folder: Path) -> list[Path]:
 
 ABOUT = (
     "N edges, each with its own 100 Mbit/s link and request, share one cloud that batches "
-    "their jobs continuously (one pass over every queued job, priced T(tokens, sessions) by the "
+    "their jobs continuously as `wanspec serve` does (the oldest queued job, then each later one "
+    "while rows × longest row ≤ max_batch_tokens; each pass priced T(tokens, sessions) by the "
     "cloud profile). Per-edge tokens/s (mean of each edge's rate), against the same requests "
     "alone (*vs alone*) and against 1 edge; total tokens/s = every token over first start to "
     "last finish; *cloud busy* = share of that span in passes. {tokens}; the profiles price "

@@ -19,6 +19,7 @@ from typing import Any, Literal
 import numpy as np
 import torch
 
+from wanspec.models.batch_policy import prefill_pieces
 from wanspec.models.batched import batched_extend, can_batch
 from wanspec.models.lm import LanguageModel
 
@@ -120,17 +121,17 @@ Job = Forward | TreeForward | KeepTreePath | Embed | ForwardEmbeddings
 def split_forward(job: Forward, size: int) -> list[Forward]:
     """`job` as consecutive `Forward`s of at most `size` tokens whose results, concatenated, are
     `job`'s: a long prefill in pieces, so other sessions' passes can run between them and no
-    single pass holds attention over the whole prompt at once. `size` 0: never split."""
+    single pass holds attention over the whole prompt at once; the pieces' bounds are
+    `batch_policy.prefill_pieces`. `size` 0: never split."""
     n = len(job.tokens)
-    if size <= 0 or n <= size:
+    bounds = prefill_pieces(n, size)
+    if len(bounds) == 1:
         return [job]
     first_row = n - job.rows  # the first token whose logits row comes back
-    pieces = []
-    for start in range(0, n, size):
-        stop = min(start + size, n)
-        rows = max(0, stop - max(start, first_row))
-        pieces.append(Forward(job.keep + start, job.tokens[start:stop], rows))
-    return pieces
+    return [
+        Forward(job.keep + start, job.tokens[start:stop], max(0, stop - max(start, first_row)))
+        for start, stop in bounds
+    ]
 
 
 def run_job(session: LanguageModel, job: Job) -> Any:

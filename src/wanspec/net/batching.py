@@ -8,10 +8,12 @@ then hands each session its own result. Nothing ever waits for a session that ha
 a batch is what was queued when the previous one ended (continuous batching, not a fixed
 batch of clients), so a slow edge costs the others at most its share of one pass.
 
-A batch is bounded by `max_batch_tokens` counted as the pass computes them: rows × the longest
-row (rows are padded to the longest). The oldest job always runs, alone if it is over the bound
-by itself (a long prefill); jobs that do not fit wait for the next pass in their order.
-`max_batch_tokens=0` runs one job at a time in arrival order (the comparison without batching).
+Which queued jobs form a pass is `wanspec.models.batch_policy.next_pass`, the one policy the
+simulator's shared accelerator runs too: the oldest job always (alone if it is over the bound by
+itself, a long prefill), then each later `Forward` that keeps rows × the longest row (rows are
+padded to the longest) within `max_batch_tokens`; jobs that do not fit wait for the next pass in
+their order. `max_batch_tokens=0` runs one job at a time in arrival order (the comparison
+without batching).
 
 A `Forward` longer than `prefill_chunk` tokens (a long prompt) runs in pieces of that size
 (`split_forward`): after each piece it goes back to the end of the queue, so every other
@@ -37,12 +39,17 @@ from typing import Any, Protocol
 
 import torch
 
+from wanspec.models.batch_policy import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    DEFAULT_PREFILL_CHUNK,
+    QueuedJob,
+    next_pass,
+    padded_tokens,
+)
 from wanspec.models.jobs import Forward, Job, run_job, run_jobs_batched, split_forward
 from wanspec.models.lm import LanguageModel
 
 log = logging.getLogger("wanspec.serve")
-DEFAULT_MAX_BATCH_TOKENS = 256
-DEFAULT_PREFILL_CHUNK = 256
 
 
 @dataclass(frozen=True)
@@ -74,25 +81,20 @@ class _Ask:
     def tokens(self) -> int:
         return len(self.job.tokens) if isinstance(self.job, Forward) else 0
 
+    @property
+    def queued(self) -> QueuedJob:
+        """What the batching policy sees of this job."""
+        return QueuedJob(self.tokens, isinstance(self.job, Forward))
+
 
 def take_batch(queue: deque[_Ask], max_batch_tokens: int) -> list[_Ask]:
-    """Remove and return the next batch: the oldest job, then each later `Forward` that keeps
-    rows × longest row within `max_batch_tokens`; the rest stay queued in order."""
-    head = queue.popleft()
-    if max_batch_tokens <= 0 or not head.tokens:
-        return [head]
-    batch, kept = [head], deque[_Ask]()
-    longest = head.tokens
-    while queue:
-        ask = queue.popleft()
-        wider = max(longest, ask.tokens)
-        if ask.tokens and (len(batch) + 1) * wider <= max_batch_tokens:
-            batch.append(ask)
-            longest = wider
-        else:
-            kept.append(ask)
-    queue.extend(kept)
-    return batch
+    """Remove and return the next batch as `batch_policy.next_pass` picks it; the rest stay
+    queued in order."""
+    asks = list(queue)
+    chosen = set(next_pass([ask.queued for ask in asks], max_batch_tokens))
+    queue.clear()
+    queue.extend(ask for i, ask in enumerate(asks) if i not in chosen)
+    return [ask for i, ask in enumerate(asks) if i in chosen]
 
 
 class ModelBatcher(Executor):
@@ -222,7 +224,7 @@ def _stats(batch: Sequence[_Ask], began: float, seconds: float) -> BatchStats:
     return BatchStats(
         sessions=len(batch),
         tokens=sum(tokens),
-        padded_tokens=len(batch) * max(tokens) if len(batch) > 1 else tokens[0],
+        padded_tokens=padded_tokens(tokens),
         queue_wait_s=tuple(began - ask.asked for ask in batch),
         seconds=seconds,
         kinds=tuple(type(ask.job).__name__ for ask in batch),

@@ -77,7 +77,8 @@ class EmitRecord:
 @dataclass(frozen=True)
 class TraceRecord:
     """One step of the run: `what` is recv | send | compute_start | compute_end | cancel | emit |
-    finish. `send` records the message as the machine sent it, `recv` as the peer decoded it."""
+    finish, and on a shared cloud compute_piece (a long prefill's pass before its last piece).
+    `send` records the message as the machine sent it, `recv` as the peer decoded it."""
 
     t: float
     side: Side

@@ -2,18 +2,24 @@
 
 Each edge session is what `simulate` runs alone: an edge machine, its cloud machine, its own
 link (own settings, own channels) and its own executors (its own KV-cache sessions). What the
-sessions share is the cloud's accelerator. It batches continuously, as a serving engine does:
-whenever it frees up it takes the next job of every session that has one queued (one job per
-session per pass, since a session's jobs build on each other's cache; oldest first, up to
-`max_batch_tokens` new tokens, a job larger than that alone) into one pass priced by the cloud
-profile's `batch_seconds` (`T(tokens, sessions)`, see `wanspec.sim.profiles`). A job queued
-while a pass runs waits for that pass to end, never longer unless the token cap is full.
+sessions share is the cloud's accelerator. It batches continuously, as `wanspec serve`'s model
+thread does, by the very same policy (`wanspec.models.batch_policy`): whenever it frees up it
+looks at the next job of every session that has one queued (one job per session per pass, since
+a session's jobs build on each other's cache), oldest first, and `next_pass` picks the pass: the
+oldest always, then each later `Forward` that keeps rows × the longest row within
+`max_batch_tokens` (a job that does not fit waits, a later smaller one may still join; any other
+job runs alone). The pass is priced by the cloud profile's `batch_seconds` (`T(tokens, sessions)`,
+see `wanspec.sim.profiles`). A `Forward` longer than `prefill_chunk` (a long prompt) takes one
+pass per piece (`prefill_pieces`), each piece going back to the end of the queue when its pass
+ends, as the server re-queues it; the job itself runs whole on the session's executor at its last
+piece, so its result is what it gets alone, and its `ComputeDone` comes when that piece ends.
 
 Nothing here knows a protocol: each session is `wanspec.sim.driver`'s per-request bookkeeping
 (sending through the codec, link charging, emits, cancels) with its events on the shared clock
 and its cloud compute handed to the shared accelerator. Machines' outputs do not depend on
 timing, so a session's tokens for a seed are those it gets alone; with one session, or with
-sessions that never overlap, every time equals `simulate`'s.
+sessions that never overlap, every time equals `simulate`'s (as long as no prompt is long enough
+to be fed in pieces; `prefill_chunk=0` feeds every prompt in one pass, as `simulate` does).
 
 With `charge_cpu=True` each side's protocol CPU is charged as `simulate` charges it; the cloud
 sides of all sessions share one CPU time line, as a server's sessions share its one event loop.
@@ -26,7 +32,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from wanspec.models.jobs import ComputeCost, Executor
+from wanspec.models.batch_policy import (
+    DEFAULT_MAX_BATCH_TOKENS,
+    DEFAULT_PREFILL_CHUNK,
+    QueuedJob,
+    next_pass,
+    padded_tokens,
+    prefill_pieces,
+)
+from wanspec.models.jobs import ComputeCost, Executor, Forward, Job
 from wanspec.protocols.base import Compute, Event, Side, Start, StateMachine
 from wanspec.sim.driver import (
     SimResult,
@@ -42,7 +56,6 @@ from wanspec.sim.link import Link
 from wanspec.sim.profiles import Profile, batch_seconds, load_profile
 
 _CLOUD_WIDE = -1  # session index of the shared accelerator's own events
-DEFAULT_MAX_BATCH_TOKENS = 2048  # vLLM's default max_num_batched_tokens
 
 
 @dataclass(frozen=True)
@@ -60,14 +73,16 @@ class EdgeSession:
 
 @dataclass(frozen=True)
 class BatchPass:
-    """One pass of the shared accelerator: which sessions rode in it, how many new tokens, and
-    how long each of their jobs had waited in the queue before it began."""
+    """One pass of the shared accelerator: which sessions rode in it (in queue order), how many
+    new tokens, and how long each of their jobs (or prefill pieces) had waited in the queue
+    before it began; `padded_tokens` is what the pass computed, rows × the longest row."""
 
     start: float
     seconds: float
     sessions: tuple[int, ...]
     tokens: int
     waits: tuple[float, ...]
+    padded_tokens: int = 0
 
 
 @dataclass
@@ -137,7 +152,11 @@ class _Session(_Simulation):
         )
         self.sides["cloud"].cpu = cloud.cpu
         self.index, self.shared, self.start_s = index, cloud, spec.start_s
-        self.queued_at: dict[int, float] = {}  # cloud job id -> when it was asked for
+        self.queued_at: dict[int, float] = {}  # cloud job id -> when it (or its piece) queued
+        self.pieces: list[ComputeCost] = []  # the queued job's passes still to come
+        self.pieces_of: int | None = None  # the job id `pieces` belong to
+        self.split = False  # that job is a long prefill fed in pieces
+        self.put_back: int | None = None  # its place in the pass whose end re-queued its piece
 
     def push(self, t: float, side: Side, event: Event) -> None:
         self.shared.push(t, self.index, side, event)
@@ -164,15 +183,61 @@ class _Session(_Simulation):
             return False
         return self.queued_at[self.cloud.queue[0].job_id] <= self.shared.now
 
+    def _passes(self) -> list[ComputeCost]:
+        """The costs of the passes the queued job still takes: its own, or its pieces'."""
+        head = self.cloud.queue[0]
+        if self.pieces_of != head.job_id:
+            self.pieces = _piece_costs(head.job, self.shared.prefill_chunk)
+            self.pieces_of, self.split, self.put_back = head.job_id, len(self.pieces) > 1, None
+        return self.pieces
+
     def next_cost(self) -> ComputeCost:
-        return self.cloud.queue[0].cost
+        """What this session's next pass computes: its queued job, or that job's next piece."""
+        return self._passes()[0]
+
+    def queued(self) -> QueuedJob:
+        """What the batching policy sees of this session's next pass."""
+        forward = isinstance(self.cloud.queue[0].job, Forward)
+        return QueuedJob(self.next_cost().n if forward else 0, forward)
+
+    def order(self) -> tuple[float, int, int]:
+        """Queue order: when the next pass's job was queued; at one time, pieces the accelerator
+        re-queued at a pass's end (in that pass's order) come before jobs by session index."""
+        self._passes()
+        at = self.queued_at[self.cloud.queue[0].job_id]
+        return (at, 0, self.put_back) if self.put_back is not None else (at, 1, self.index)
+
+    @property
+    def before_last_piece(self) -> bool:
+        return len(self._passes()) > 1
 
     def ride(self, now: float, pass_s: float | None) -> float:
-        """Start this session's next cloud job in a pass of `pass_s` (None: alone, priced by the
-        profile); returns what it was charged."""
+        """Start this session's next cloud pass, priced `pass_s` (None: its job alone, priced by
+        the profile): a piece before a long prefill's last only takes the time; the job itself
+        starts with its last piece. Returns what it was charged."""
         self.now, self.price.pass_s = now, pass_s
+        if self.before_last_piece and pass_s is not None:
+            return self._ride_piece(pass_s)
         super().start_next_compute(self.cloud)
         return self.price.charged_s
+
+    def _ride_piece(self, seconds: float) -> float:
+        head, cloud = self.cloud.queue[0], self.cloud
+        cost = self.pieces.pop(0)
+        kind = head.label or type(head.job).__name__
+        cloud.busy = True
+        cloud.busy_s += seconds
+        cloud.by_tag[kind] = cloud.by_tag.get(kind, 0.0) + seconds
+        self.record("cloud", "compute_piece", job=kind, cost=cost, seconds=seconds)
+        return seconds
+
+    def piece_done(self, now: float, place: int) -> None:
+        """A piece's pass is over: the job's next piece goes back to the end of the queue (unless
+        the job was cancelled meanwhile)."""
+        self.cloud.busy = False
+        if self.cloud.queue and self.cloud.queue[0].job_id == self.pieces_of:
+            self.queued_at[self.cloud.queue[0].job_id] = now
+            self.put_back = place
 
     def own_clock(self) -> SimResult:
         """The result with every time relative to this session's start."""
@@ -184,6 +249,17 @@ class _Session(_Simulation):
 
 def _shift(record: TraceRecord, t0: float) -> TraceRecord:
     return replace(record, t=record.t - t0)
+
+
+def _piece_costs(job: Job, prefill_chunk: int) -> list[ComputeCost]:
+    """The cost of each pass `job` takes: a `Forward` over `prefill_chunk` tokens one per piece
+    (each after the cache its earlier pieces built), anything else its own."""
+    if not isinstance(job, Forward):
+        return [job.cost]
+    return [
+        ComputeCost("forward", n=stop - start, context=job.keep + start)
+        for start, stop in prefill_pieces(len(job.tokens), prefill_chunk)
+    ]
 
 
 @dataclass(order=True)
@@ -210,8 +286,10 @@ class _LateKick:
 class _SharedCloud:
     """The shared clock, event queue and accelerator of all sessions."""
 
-    def __init__(self, profile: Profile, max_batch_tokens: int) -> None:
+    def __init__(self, profile: Profile, max_batch_tokens: int, prefill_chunk: int) -> None:
         self.profile, self.max_batch_tokens = profile, max_batch_tokens
+        self.prefill_chunk = prefill_chunk
+        self.in_pieces: list[_Session] = []  # the pass's riders on a piece before their last
         self.sessions: list[_Session] = []
         self.heap: list[_Entry] = []
         self.seq = self.events = 0
@@ -260,6 +338,9 @@ class _SharedCloud:
                 self.kick_due = False
             elif isinstance(entry.event, _PassEnd):
                 self.in_pass = False
+                for place, session in enumerate(self.in_pieces):
+                    session.piece_done(self.now, place)
+                self.in_pieces = []
             self.start_pass()
             return
         session = self.sessions[entry.index]
@@ -276,29 +357,26 @@ class _SharedCloud:
         if not riders:
             return
         costs = [s.next_cost() for s in riders]
-        pass_s = batch_seconds(self.profile, costs) if len(riders) > 1 else None
+        priced = len(riders) > 1 or riders[0].split  # else the profile prices the job alone
+        pass_s = batch_seconds(self.profile, costs) if priced else None
         waits = tuple(self.now - s.queued_at.pop(s.cloud.queue[0].job_id) for s in riders)
+        self.in_pieces = [s for s in riders if s.before_last_piece]
         charged = [s.ride(self.now, pass_s) for s in riders]
         seconds = max(charged)
-        tokens = sum(c.n for c in costs if c.kind != "cpu")
+        rows = [c.n for c in costs if c.kind != "cpu"]
         indices = tuple(s.index for s in riders)
-        self.passes.append(BatchPass(self.now, seconds, indices, tokens, waits))
+        self.passes.append(
+            BatchPass(self.now, seconds, indices, sum(rows), waits, padded_tokens(rows))
+        )
         self.in_pass = True
         self.push(self.now + seconds, _CLOUD_WIDE, "cloud", _PassEnd())
 
     def _pick_riders(self) -> list[_Session]:
-        """Sessions with a job queued, oldest job first, while the token cap holds."""
-        waiting = [s for s in self.sessions if s.waiting()]
-        waiting.sort(key=lambda s: (s.queued_at[s.cloud.queue[0].job_id], s.index))
-        riders: list[_Session] = []
-        tokens = 0
-        for s in waiting:
-            n = s.next_cost().n
-            if riders and tokens + n > self.max_batch_tokens:
-                break
-            riders.append(s)
-            tokens += n
-        return riders
+        """The sessions whose next jobs `batch_policy.next_pass` puts in the next pass, in queue
+        order (oldest first)."""
+        waiting = sorted((s for s in self.sessions if s.waiting()), key=_Session.order)
+        chosen = next_pass([s.queued() for s in waiting], self.max_batch_tokens)
+        return [waiting[i] for i in chosen]
 
     def _deadlock_message(self) -> str:
         stuck = [s.index for s in self.sessions if s.finish is None]
@@ -313,6 +391,7 @@ def simulate_many(
     cloud_profile: Profile | str,
     *,
     max_batch_tokens: int = DEFAULT_MAX_BATCH_TOKENS,
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
     size_fn: SizeFn | None = None,
     max_time: float = 1e5,
     max_events: int = 10_000_000,
@@ -323,20 +402,27 @@ def simulate_many(
 
     Each session is what `simulate(edge, cloud, link, edge_profile, cloud_profile, ...)` would run
     alone; `start_s` staggers their starts. Several sessions need a cloud profile that prices a
-    batched pass (a table profile; "measured" prices only what it measures). `charge_cpu`
-    charges the machines' protocol CPU as `simulate` does, the sessions' cloud handlers on one
-    shared time line. Raises as `simulate` does: SimulationDeadlock, SimulationTimeout.
+    batched pass (a table profile; "measured" prices only what it measures, so with it a prompt
+    is never fed in pieces). `max_batch_tokens` and `prefill_chunk` mean what they mean to
+    `wanspec serve` (0: one job per pass; a prompt in one pass). `charge_cpu` charges the
+    machines' protocol CPU as `simulate` does, the sessions' cloud handlers on one shared time
+    line. Raises as `simulate` does: SimulationDeadlock, SimulationTimeout.
     """
     if not sessions:
         raise ValueError("simulate_many needs at least one session")
-    if isinstance(max_batch_tokens, bool) or not isinstance(max_batch_tokens, int):
-        raise TypeError(f"max_batch_tokens must be an int, got {max_batch_tokens!r}")
-    if max_batch_tokens < 1 or not max_time > 0 or not max_events > 0:
-        raise ValueError("max_batch_tokens, max_time and max_events must be > 0")
+    for name, value in (("max_batch_tokens", max_batch_tokens), ("prefill_chunk", prefill_chunk)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {value!r}")
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    if not max_time > 0 or not max_events > 0:
+        raise ValueError("max_time and max_events must be > 0")
     profile = load_profile(cloud_profile)
-    if len(sessions) > 1 and not hasattr(profile, "batch_seconds"):
-        batch_seconds(profile, [])  # raises the explanation
-    cloud = _SharedCloud(profile, max_batch_tokens)
+    if not hasattr(profile, "batch_seconds"):
+        if len(sessions) > 1:
+            batch_seconds(profile, [])  # raises the explanation
+        prefill_chunk = 0  # a piece cannot be priced by a profile that charges what it measures
+    cloud = _SharedCloud(profile, max_batch_tokens, prefill_chunk)
     for i, spec in enumerate(sessions):
         _check_session(i, spec)
         cloud.sessions.append(_Session(i, spec, cloud, size_fn, trace, charge_cpu))
