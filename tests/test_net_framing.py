@@ -4,15 +4,24 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 
 import numpy as np
 import pytest
 
 from nethelpers import run, socket_pair
 from test_wire import EXAMPLES
-from wanspec.net import ConnectionClosed, MessageStream, TrafficCounter, read_message
+from wanspec.net import (
+    ConnectionClosed,
+    FrameReader,
+    MessageStream,
+    TrafficCounter,
+    read_message,
+)
 from wanspec.net.segments import HEADER_BYTES, MSS, segments
-from wanspec.wire import Close, Limits, StartRequest, WireError, bits, encode
+from wanspec.wire import Close, Limits, Message, StartRequest, Tokens, WireError, bits, encode
+
+SMALL = sorted(EXAMPLES, key=lambda m: len(encode(m)))[:8]  # short enough to send byte by byte
 
 
 def _large_start_request() -> StartRequest:
@@ -70,32 +79,126 @@ def test_clean_close_between_frames_is_connection_closed() -> None:
     assert got == [Close("a"), Close("b")]
 
 
-@pytest.mark.parametrize("keep", [1, 2, 3, 10], ids=lambda k: f"first-{k}-bytes")
-def test_truncated_frame_is_a_clean_wire_error(keep: int) -> None:
+def _counted(frames: list[bytes]) -> TrafficCounter:
+    """What a receiving counter holds after exactly these frames."""
+    counter = TrafficCounter()
+    for f in frames:
+        counter.count(len(f))
+    return counter
+
+
+async def _one_byte_at_a_time(writer: asyncio.StreamWriter, data: bytes) -> None:
+    """Every byte in a write (and a TCP segment) of its own, so reads end anywhere."""
+    for i in range(len(data)):
+        writer.write(data[i : i + 1])
+        await writer.drain()
+        await asyncio.sleep(0.0005)
+
+
+def test_frames_sent_one_byte_at_a_time_are_all_read_in_order_and_counted() -> None:
+    frames = [encode(m) for m in SMALL]
+
+    async def scenario() -> tuple[list[Message], MessageStream]:
+        async with socket_pair() as ((_, cw), (sr, sw)):
+            receiver = MessageStream(sr, sw)
+            writing = asyncio.create_task(_one_byte_at_a_time(cw, b"".join(frames)))
+            got = [await receiver.receive() for _ in frames]
+            await writing
+            return got, receiver
+
+    got, receiver = run(scenario(), timeout_s=10)
+    assert got == SMALL
+    assert receiver.received == _counted(frames)
+
+
+def test_many_frames_in_one_write_are_all_read_in_order_and_counted() -> None:
+    messages = [*EXAMPLES, _large_start_request(), *EXAMPLES]
+    frames = [encode(m) for m in messages]
+
+    async def scenario() -> tuple[list[Message], MessageStream]:
+        async with socket_pair() as ((_, cw), (sr, sw)):
+            receiver = MessageStream(sr, sw)
+            cw.write(b"".join(frames))
+            cw.write_eof()
+            got = [await receiver.receive() for _ in frames]
+            with pytest.raises(ConnectionClosed):
+                await receiver.receive()
+            return got, receiver
+
+    got, receiver = run(scenario(), timeout_s=10)
+    assert got == messages
+    assert receiver.received == _counted(frames)  # one count per frame, its exact bytes
+
+
+def test_every_reader_of_one_socket_shares_its_decoder() -> None:
+    """Bytes read past a frame by one reader (a handshake's) are the next reader's to read."""
+    messages = [Close("a"), Tokens((1, 2)), Close("b"), Tokens((3,)), Close("c")]
+
+    async def scenario() -> list[object]:
+        async with socket_pair() as ((_, cw), (sr, sw)):
+            cw.write(b"".join(encode(m) for m in messages))  # one read takes them all
+            await cw.drain()
+            got: list[object] = [await read_message(sr)]
+            got.append(await MessageStream(sr, sw).receive())
+            got.append(await FrameReader(sr).receive_frame())
+            got.append(await FrameReader(sr).receive())
+            got.append(await read_message(sr))
+            return got
+
+    got = run(scenario(), timeout_s=5)
+    assert got == [*messages[:2], encode(messages[2]), *messages[3:]]
+
+
+CUT = {
+    "header": (1, "inside a frame header"),
+    "header-type": (2, "inside a frame header"),
+    "payload-start": (3, "inside a frame \\("),
+    "payload": (10, "inside a frame \\("),
+}
+
+
+@pytest.mark.parametrize("where", CUT)
+@pytest.mark.parametrize("after", [0, 2], ids=["alone", "after-2-frames"])
+def test_end_of_stream_inside_a_frame_is_a_wire_error(where: str, after: int) -> None:
+    keep, match = CUT[where]
     frame = encode(StartRequest(3, "hello there", {"max_new_tokens": 4}))  # 3-byte header
+    whole = [Close(str(i)) for i in range(after)]
 
-    async def scenario() -> None:
-        async with socket_pair() as ((_, cw), (sr, _)):
-            cw.write(frame[:keep])
+    async def scenario() -> list[Message]:
+        async with socket_pair() as ((_, cw), (sr, sw)):
+            cw.write(b"".join(encode(m) for m in whole) + frame[:keep])
             cw.close()
-            with pytest.raises(WireError, match="ended inside a frame"):
-                await read_message(sr)
+            stream = MessageStream(sr, sw)
+            got = [await stream.receive() for _ in whole]
+            with pytest.raises(WireError, match=match):
+                await stream.receive()
+            return got
 
-    run(scenario(), timeout_s=5)
+    assert run(scenario(), timeout_s=5) == whole
 
 
-def test_oversized_frame_is_refused_before_its_payload_arrives() -> None:
+READERS = {
+    "read_message": lambda sr, sw, limits: read_message(sr, limits),
+    "MessageStream": lambda sr, sw, limits: MessageStream(sr, sw, limits).receive(),
+    "receive_frame": lambda sr, sw, limits: FrameReader(sr, limits).receive_frame(),
+}
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_oversized_frame_is_refused_before_its_payload_arrives(reader: str) -> None:
     limits = Limits(max_frame=4096)
     header = encode(Close("x"))[:2] + bytes([0x90, 0x4E])  # announces a 10 000-byte payload
 
-    async def scenario() -> None:
-        async with socket_pair() as ((_, cw), (sr, _)):
+    async def scenario() -> float:
+        async with socket_pair() as ((_, cw), (sr, sw)):
             cw.write(header)  # the payload never comes and the sender stays connected
             await cw.drain()
+            began = time.monotonic()
             with pytest.raises(WireError, match="exceeds"):
-                await asyncio.wait_for(read_message(sr, limits), 2.0)
+                await asyncio.wait_for(READERS[reader](sr, sw, limits), 2.0)
+            return time.monotonic() - began
 
-    run(scenario(), timeout_s=5)
+    assert run(scenario(), timeout_s=5) < 1.0
 
 
 def test_a_message_too_big_to_send_is_refused_before_writing() -> None:

@@ -19,7 +19,8 @@ ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
 import wanspec  # noqa: E402
-from nethelpers import run  # noqa: E402
+from nethelpers import run, tcp_server  # noqa: E402
+from wanspec import wire  # noqa: E402
 from wanspec.net.background import BackgroundLoop  # noqa: E402
 from wanspec.net.client import RemotePair, RemoteRun, generate_async  # noqa: E402
 from wanspec.net.ray_serve import HashRing, SessionRouter, deploy, registered  # noqa: E402
@@ -130,3 +131,42 @@ def test_the_ring_spreads_ids_and_moves_few_when_a_replica_joins() -> None:
     assert [two.lookup(k) for k in keys] == owners  # the same id, the same replica, always
     with pytest.raises(LookupError):
         HashRing([]).lookup("x")
+
+
+async def _in_chunks(writer: asyncio.StreamWriter, data: bytes, size: int) -> None:
+    """`data` in writes of `size` bytes, each given time to leave on its own."""
+    for i in range(0, len(data), size):
+        writer.write(data[i : i + size])
+        await writer.drain()
+        await asyncio.sleep(0.0005)
+
+
+@pytest.mark.parametrize("size", [1, 1 << 20], ids=["byte-by-byte", "one-write"])
+def test_the_router_forwards_every_byte_it_read_then_splices_the_rest(size: int) -> None:
+    """The opening frames, the frames read along with them and the rest of the stream reach
+    the replica unchanged, in order; the session goes where its Resume's id says."""
+    opening = [wire.Auth("token"), wire.Resume("s-42", 0, 0)]
+    rest = [wire.Close("a"), wire.Tokens((1, 2, 3)), wire.Close("b")]
+    data = b"".join(wire.encode(m) for m in [*opening, *rest])
+
+    async def scenario() -> tuple[bytes, list[tuple[str, str, int]]]:
+        received: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+
+        async def replica(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            received.set_result(await reader.read())  # until the router's half-close
+            writer.close()
+
+        async with (
+            tcp_server(replica) as upstream,
+            SessionRouter(lambda: {"only": upstream}, port=0) as router,
+        ):
+            _, writer = await asyncio.open_connection(*router.address)
+            await _in_chunks(writer, data, size)
+            writer.write_eof()
+            got = await asyncio.wait_for(received, 5.0)
+            writer.close()
+            return got, router.assignments
+
+    got, assignments = run(scenario(), timeout_s=10)
+    assert got == data
+    assert [(s, r) for s, r, _ in assignments] == [("s-42", "only")]

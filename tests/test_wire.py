@@ -611,3 +611,59 @@ def test_frame_decoder_fails_fast_on_a_bad_first_byte() -> None:
     dec.feed(b"\x00")
     with pytest.raises(WireError, match="magic"):
         dec.next_message()
+
+
+def test_next_frame_gives_each_frame_raw_and_keeps_what_follows() -> None:
+    frames = [encode(m) for m in EXAMPLES]
+    tail = encode(Tokens((1, 2, 3)))[:-2]
+    dec = FrameDecoder()
+    dec.feed(b"".join(frames) + tail)
+    assert [dec.next_frame() for _ in frames] == frames
+    assert dec.next_frame() is None
+    assert dec.buffered == len(tail)
+
+
+def test_next_frame_is_next_message_undecoded() -> None:
+    stream = b"".join(encode(m) for m in EXAMPLES)
+    raw, decoded = FrameDecoder(), FrameDecoder()
+    for i in range(0, len(stream), 7):
+        raw.feed(stream[i : i + 7])
+        decoded.feed(stream[i : i + 7])
+        while (frame := raw.next_frame()) is not None:
+            assert decode(frame) == decoded.next_message()
+        assert decoded.next_message() is None
+    raw.end_of_stream()
+
+
+def test_next_frame_checks_the_header_before_the_payload() -> None:
+    dec = FrameDecoder(Limits(max_frame=4096))
+    dec.feed(encode(Close("x"))[:2] + bytes([0x90, 0x4E]))  # announces 10 000 bytes
+    with pytest.raises(FrameTooLarge, match="exceeds"):
+        dec.next_frame()
+
+
+def test_take_buffered_hands_over_exactly_the_bytes_not_yet_returned() -> None:
+    first, second, third = (encode(m) for m in (Close("a"), Tokens((4, 5)), Close("b")))
+    dec = FrameDecoder()
+    dec.feed(first + second + third[:2])
+    assert dec.next_frame() == first
+    assert dec.take_buffered() == second + third[:2]
+    assert (dec.buffered, dec.take_buffered(), dec.next_frame()) == (0, b"", None)
+    dec.end_of_stream()  # nothing is left: the taker has the rest of the stream
+    dec.feed(third)
+    assert dec.next_message() == Close("b")
+
+
+DONE = encode(Close("done"))  # a 3-byte header
+
+
+CUTS = [(1, "inside a frame header"), (2, "inside a frame header"), (3, r"3 bytes pending of its")]
+
+
+@pytest.mark.parametrize(("keep", "match"), CUTS)
+def test_end_of_stream_says_where_the_stream_was_cut(keep: int, match: str) -> None:
+    dec = FrameDecoder()
+    dec.feed(DONE[:keep])
+    assert dec.next_frame() is None
+    with pytest.raises(WireError, match=match):
+        dec.end_of_stream()

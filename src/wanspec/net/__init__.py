@@ -1,13 +1,15 @@
 """Real networking: the asyncio transport of the wire codec and a user-space WAN emulator.
 
 Floor 3 (beside `wanspec.sim`): imports `wanspec.wire`, never the protocol machines or the
-simulator. `framing` carries codec frames over asyncio streams and counts what they cost;
-`proxy` is a transparent TCP proxy that shapes each direction like a WAN link (`shaping` holds
-its sans-IO timing model); `units` parses `tc`-style rates and durations.
+simulator. `framing` carries codec frames over asyncio streams (each socket read through one
+`wanspec.wire.FrameDecoder`, `FrameReader`) and counts what they cost; `proxy` is a transparent
+TCP proxy that shapes each direction like a WAN link (`shaping` holds its sans-IO timing
+model); `units` parses `tc`-style rates and durations.
 """
 
 from wanspec.net.framing import (
     ConnectionClosed,
+    FrameReader,
     MessageStream,
     TrafficCounter,
     read_message,
@@ -22,6 +24,7 @@ __all__ = [
     "ConnectionStats",
     "DirectionSpec",
     "DirectionStats",
+    "FrameReader",
     "MessageStream",
     "Shaper",
     "Slot",

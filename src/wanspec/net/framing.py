@@ -6,17 +6,25 @@ bytes on the socket are exactly the frames whose bits the papers and the simulat
 (`wanspec.wire.bits`). Framing overhead beyond the codec is therefore zero, and `TrafficCounter`
 reports it as such rather than omitting it, so that a future change of transport shows up there.
 
-Reading is bounded: the header is parsed (and checked against `Limits.max_frame`) before a
-single payload byte is buffered, so a peer that announces a huge frame is refused at once.
+Every frame read from a socket goes through that socket's one `wanspec.wire.FrameDecoder`,
+kept for the reader's whole life (`FrameReader`; `MessageStream` and `read_message` read through
+it): the socket is read `CHUNK` bytes at a time, and bytes read past one frame stay buffered for
+the next, whoever reads it. Reading is bounded: a frame's header is checked against
+`Limits.max_frame` as soon as it is in, so at most one chunk is buffered beyond a frame before
+its header is checked, and a peer that announces a huge frame is refused without its payload
+being awaited.
 """
 
 from __future__ import annotations
 
 import asyncio
+import weakref
 from dataclasses import dataclass, field
 
 from wanspec.net.segments import HEADER_BYTES, segments
-from wanspec.wire import DEFAULT_LIMITS, Limits, Message, WireError, decode, encode, parse_header
+from wanspec.wire import DEFAULT_LIMITS, FrameDecoder, Limits, Message, decode, encode
+
+CHUNK = 64 << 10  # bytes asked of the socket per read
 
 
 class ConnectionClosed(Exception):
@@ -47,20 +55,54 @@ class TrafficCounter:
         self.est_tcpip_header_bytes += HEADER_BYTES * segments(frame_bytes)
 
 
-async def _read_header(reader: asyncio.StreamReader, limits: Limits) -> tuple[bytes, int]:
-    """The frame header's bytes and its payload length, read a byte at a time so that nothing
-    past the header is buffered before the header (and its length) has been checked."""
-    head = bytearray()
-    while True:
-        byte = await reader.read(1)
-        if not byte:
-            if head:
-                raise WireError(f"stream ended inside a frame header ({len(head)} bytes)")
-            raise ConnectionClosed("the peer closed the connection")
-        head += byte
-        parsed = parse_header(bytes(head), limits)
-        if parsed is not None:
-            return bytes(head), parsed[2]
+# One decoder per reader for the reader's whole life; it goes with the reader.
+_DECODERS: weakref.WeakKeyDictionary[asyncio.StreamReader, FrameDecoder] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+class FrameReader:
+    """Frames and messages from one asyncio stream, through its one `FrameDecoder`.
+
+    Every FrameReader made for the same `StreamReader` shares that reader's decoder, so bytes
+    read past a frame are never lost, whichever of them reads next; each checks the frames it
+    reads against its own `limits`.
+    """
+
+    def __init__(self, reader: asyncio.StreamReader, limits: Limits = DEFAULT_LIMITS) -> None:
+        self.reader, self.limits = reader, limits
+        decoder = _DECODERS.get(reader)
+        if decoder is None:
+            decoder = _DECODERS[reader] = FrameDecoder(limits)
+        self._decoder = decoder
+
+    async def receive_frame(self) -> bytes:
+        """The next frame's raw bytes (header checked, payload not decoded). ConnectionClosed at
+        a clean end of stream between frames; WireError for a bad or oversized header, or an end
+        of stream inside a frame."""
+        decoder = self._decoder
+        decoder.limits = self.limits
+        while (frame := decoder.next_frame()) is None:
+            data = await self.reader.read(CHUNK)
+            if not data:
+                decoder.end_of_stream()
+                raise ConnectionClosed("the peer closed the connection")
+            decoder.feed(data)
+        return frame
+
+    async def receive(self, counter: TrafficCounter | None = None) -> Message:
+        """The next message, counted in `counter` once it decodes; errors as `receive_frame`'s,
+        and WireError for a malformed payload (after which the stream is unusable)."""
+        frame = await self.receive_frame()
+        message = decode(frame, self.limits)
+        if counter is not None:
+            counter.count(len(frame))
+        return message
+
+    def take_buffered(self) -> bytes:
+        """The bytes read past the frames returned so far, handed over: a relay that routes on
+        a connection's first frames forwards these too, then the rest of the stream as is."""
+        return self._decoder.take_buffered()
 
 
 async def read_message(
@@ -68,18 +110,10 @@ async def read_message(
     limits: Limits = DEFAULT_LIMITS,
     counter: TrafficCounter | None = None,
 ) -> Message:
-    """The next message. ConnectionClosed at a clean end of stream between frames; WireError for
-    anything malformed, oversized or cut short (after which the stream is unusable)."""
-    head, length = await _read_header(reader, limits)
-    try:
-        payload = await reader.readexactly(length)
-    except asyncio.IncompleteReadError as exc:
-        got = len(exc.partial)
-        raise WireError(f"stream ended inside a frame ({got} of {length} payload bytes)") from exc
-    message = decode(head + payload, limits)
-    if counter is not None:
-        counter.count(len(head) + length)
-    return message
+    """The next message on `reader` (through its one decoder: see `FrameReader.receive`).
+    ConnectionClosed at a clean end of stream between frames; WireError for anything malformed,
+    oversized or cut short (after which the stream is unusable)."""
+    return await FrameReader(reader, limits).receive(counter)
 
 
 async def write_message(
@@ -115,7 +149,8 @@ class MessageStream:
         return await write_message(self.writer, message, self.limits, self.sent)
 
     async def receive(self) -> Message:
-        return await read_message(self.reader, self.limits, self.received)
+        """The next message, counted in `received` (see `FrameReader.receive`)."""
+        return await FrameReader(self.reader, self.limits).receive(self.received)
 
     async def close(self) -> None:
         """Close our side and wait until the transport is gone."""

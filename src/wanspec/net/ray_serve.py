@@ -8,7 +8,8 @@ nodes, restarts, health checks, `num_replicas`.
 
 Edges see ONE address, the `SessionRouter`: it reads the first frame of a connection (after a
 bearer token's `Auth` frame), picks the replica for the session's id on a consistent-hash ring of
-the registered replicas, and from then on splices the connection's bytes both ways unchanged.
+the registered replicas, forwards those frames and whatever it read past them, and from then on
+splices the connection's bytes both ways unchanged.
 So a session lives on one replica from its first frame to its last: its KV cache, protocol
 machine and rng never move. The session id is the `Resume` frame's id for a resumable session
 (so an edge that reconnects after a dropped link reaches the replica that holds its session),
@@ -43,7 +44,7 @@ from ray import serve
 
 from wanspec import wire
 from wanspec.net.background import BackgroundLoop
-from wanspec.net.framing import _read_header
+from wanspec.net.framing import CHUNK, ConnectionClosed, FrameReader
 from wanspec.net.service import Address, TcpService, serve_until_signalled
 
 log = logging.getLogger("wanspec.ray")
@@ -184,29 +185,30 @@ class SessionRouter(TcpService):
         await self.serve_in_own_task(self._route(reader, writer))
 
     async def _route(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        frames = FrameReader(reader, self.limits)
         try:
-            head, session = await self._opening(reader)
+            head, session = await self._opening(frames)
             table = await asyncio.to_thread(self.replicas)
             replica = HashRing(table).lookup(session)
             up_reader, up_writer = await asyncio.open_connection(*table[replica])
-        except (OSError, LookupError, wire.WireError, asyncio.IncompleteReadError) as exc:
+        except (OSError, LookupError, wire.WireError, ConnectionClosed) as exc:
             log.warning("cannot route a session: %s", exc)
             writer.close()
             return
         local_port = up_writer.get_extra_info("sockname")[1]
         self.assignments.append((session, replica, local_port))
-        up_writer.write(head)
+        up_writer.write(head + frames.take_buffered())  # what was read past them, too
         try:
             await asyncio.gather(_pump(reader, up_writer), _pump(up_reader, writer))
         finally:
             up_writer.close()
             writer.close()
 
-    async def _opening(self, reader: asyncio.StreamReader) -> tuple[bytes, str]:
+    async def _opening(self, frames: FrameReader) -> tuple[bytes, str]:
         """The bytes of the opening frames (an `Auth`, then one more) and the session id."""
         head = b""
         for _ in range(2):
-            frame = await _read_frame(reader, self.limits)
+            frame = await frames.receive_frame()
             head += frame
             message = wire.decode(frame, self.limits)
             if isinstance(message, wire.Resume):
@@ -216,15 +218,10 @@ class SessionRouter(TcpService):
         return head, uuid.uuid4().hex
 
 
-async def _read_frame(reader: asyncio.StreamReader, limits: wire.Limits) -> bytes:
-    header, length = await _read_header(reader, limits)
-    return header + await reader.readexactly(length)
-
-
 async def _pump(source: asyncio.StreamReader, sink: asyncio.StreamWriter) -> None:
     """Copy bytes until the source ends, then half-close the sink (a clean end both ways)."""
     with contextlib.suppress(OSError):
-        while data := await source.read(64 << 10):
+        while data := await source.read(CHUNK):
             sink.write(data)
             await sink.drain()
         if sink.can_write_eof():

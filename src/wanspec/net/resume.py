@@ -37,9 +37,9 @@ from dataclasses import dataclass
 from wanspec import wire
 from wanspec.net.framing import (
     ConnectionClosed,
+    FrameReader,
     MessageStream,
     TrafficCounter,
-    read_message,
     write_message,
 )
 from wanspec.net.segments import HEADER_BYTES, segments
@@ -289,7 +289,8 @@ class EdgeStream(ResumableStream):
         resume = wire.Resume(self.session, self.delivered, self._committed(), self.prefix)
         await write_message(stream.writer, resume, self.limits)
         async with asyncio.timeout(self._reply_timeout_s):
-            reply = await read_message(stream.reader, self.limits)
+            # uncounted; replays read along with it stay in the connection's one decoder
+            reply = await FrameReader(stream.reader, self.limits).receive()
         if isinstance(reply, wire.Resumed):
             return reply.received
         if isinstance(reply, wire.Error) and reply.code == ErrorCode.BUSY:

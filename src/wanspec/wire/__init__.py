@@ -3,7 +3,7 @@
     frame = encode(msg)            # bytes: header (magic|version, type, length) + payload
     msg = decode(frame, limits)    # WireError (a ValueError) on anything malformed
     bits(msg) == 8 * len(encode(msg))
-    dec = FrameDecoder(); dec.feed(chunk); for msg in dec: ...
+    dec = FrameDecoder(); dec.feed(chunk); for msg in dec: ...   # dec.next_frame(): raw bytes
 
 Messages are frozen dataclasses (see `wanspec.wire.messages`); `Limits` bounds what a decoder
 accepts and `Limits.with_vocab(V)` adds the per-connection token-id bound.

@@ -582,21 +582,23 @@ def decode(frame: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMIT
 
 
 class FrameDecoder:
-    """Splits a byte stream into messages (sans-IO, h11 style): `feed` bytes, then iterate.
+    """Splits a byte stream into frames and messages (sans-IO, h11 style): `feed` bytes, then
+    take frames (`next_frame`) or messages (`next_message`, or iterate).
 
-    After a WireError the stream is unusable (frame boundaries are lost) and every later call
-    raises the same error.
+    Each frame's header is checked against `limits` as soon as it is in, so an oversized frame
+    is refused before its payload is awaited. `limits` may change between frames (the next frame
+    is checked against the new ones). After a WireError the stream is unusable (frame boundaries
+    are lost) and every later call raises the same error.
     """
 
     def __init__(self, limits: Limits = DEFAULT_LIMITS) -> None:
         self.limits = limits
         self._buf = bytearray()
         self._error: WireError | None = None
-        self._max_header = 2 + varint_size(limits.max_frame)
 
     @property
     def buffered(self) -> int:
-        """Bytes received but not yet returned as a message."""
+        """Bytes received but not yet returned as a frame or message."""
         return len(self._buf)
 
     def feed(self, data: bytes) -> None:
@@ -604,17 +606,33 @@ class FrameDecoder:
             raise self._error
         self._buf += data
 
-    def next_message(self) -> Message | None:
-        """The next complete message, or None until more bytes arrive."""
+    def next_frame(self) -> bytes | None:
+        """The next complete frame's raw bytes, its header checked but its payload not decoded
+        (for relays that forward frames), or None until more bytes arrive."""
         if self._error is not None:
             raise self._error
         try:
-            head = parse_header(bytes(self._buf[: self._max_header]), self.limits)
-            if head is None or len(self._buf) < head[1] + head[2]:
-                return None
-            size = head[1] + head[2]
-            frame = bytes(self._buf[:size])
-            del self._buf[:size]
+            head = self._header()
+        except WireError as exc:
+            self._error = exc
+            raise
+        if head is None or len(self._buf) < head[1] + head[2]:
+            return None
+        size = head[1] + head[2]
+        frame = bytes(self._buf[:size])
+        del self._buf[:size]
+        return frame
+
+    def _header(self) -> tuple[int, int, int] | None:
+        longest = 2 + varint_size(self.limits.max_frame)
+        return parse_header(bytes(self._buf[:longest]), self.limits)
+
+    def next_message(self) -> Message | None:
+        """The next complete message, or None until more bytes arrive."""
+        frame = self.next_frame()
+        if frame is None:
+            return None
+        try:
             return decode(frame, self.limits)
         except WireError as exc:
             self._error = exc
@@ -624,7 +642,21 @@ class FrameDecoder:
         while (msg := self.next_message()) is not None:
             yield msg
 
+    def take_buffered(self) -> bytes:
+        """The bytes fed but not yet returned (the start of the frames to come), handed over and
+        forgotten: a relay that read a stream's first frames passes on the rest unread."""
+        data = bytes(self._buf)
+        self._buf.clear()
+        return data
+
     def end_of_stream(self) -> None:
         """Call when the peer closed: raises WireError if a partial frame is left over."""
-        if self._buf:
-            raise WireError(f"stream ended inside a frame ({len(self._buf)} bytes pending)")
+        if not self._buf:
+            return
+        if self._error is not None:
+            raise self._error
+        pending, head = len(self._buf), self._header()
+        if head is None:
+            raise WireError(f"stream ended inside a frame header ({pending} bytes pending)")
+        size = head[1] + head[2]
+        raise WireError(f"stream ended inside a frame ({pending} bytes pending of its {size})")

@@ -6,4 +6,4 @@ class WireError(ValueError):
 
 
 class FrameTooLarge(WireError):
-    """A frame announces more bytes than `Limits.max_frame` allows (refused before buffering)."""
+    """A frame announces more bytes than `Limits.max_frame` allows (refused at its header)."""
