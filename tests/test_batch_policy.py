@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from wanspec.jobs import Forward, Job, KeepTreePath
 from wanspec.models.batch_policy import (
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_PREFILL_CHUNK,
@@ -24,7 +25,6 @@ from wanspec.models.batch_policy import (
     padded_tokens,
     prefill_pieces,
 )
-from wanspec.models.jobs import Forward, Job, KeepTreePath
 from wanspec.net.batching import ModelBatcher, _Ask, take_batch
 from wanspec.protocols.base import Compute, ComputeDone, Finish, MessageReceived, Send, Start
 from wanspec.sim import EdgeSession, Link, load_profile, simulate_many

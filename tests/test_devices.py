@@ -20,12 +20,13 @@ import wanspec
 from wanspec.bench import sweep
 from wanspec.bench.config import CONFIGS
 from wanspec.bench.context import Context
-from wanspec.bench.experiments import get_experiment
+from wanspec.bench.registry import get_experiment
 from wanspec.cli import main
+from wanspec.jobs import Forward, TreeForward
 from wanspec.models import lm as lm_module
 from wanspec.models.batched import batched_extend
 from wanspec.models.invariant import _visible_bias
-from wanspec.models.jobs import Forward, TreeForward, run_job, run_jobs_batched, session_executor
+from wanspec.models.jobs import run_job, run_jobs_batched, session_executor
 from wanspec.models.lm import HFLanguageModel, load_model, resolve_device
 from wanspec.net.client import load_edge
 

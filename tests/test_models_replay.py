@@ -21,7 +21,7 @@ from wanspec.bench.config import CONFIGS
 from wanspec.bench.runner import Cell, read_results, reuse_order, run_sweep
 from wanspec.bench.sweep import run_experiment
 from wanspec.cli import main
-from wanspec.models.jobs import Forward, ForwardEmbeddings, KeepTreePath, TreeForward
+from wanspec.jobs import Forward, ForwardEmbeddings, KeepTreePath, TreeForward
 from wanspec.models.replay import JobReplay, job_key, replaying_executor
 from wanspec.protocols.registry import METHODS
 from wanspec.sim import MeasuredProfile, load_profile

@@ -15,7 +15,8 @@ import enum
 import pytest
 
 from wanspec import wire
-from wanspec.models.jobs import Forward, TreeForward, run_job, session_executor
+from wanspec.jobs import Forward, TreeForward
+from wanspec.models.jobs import run_job, session_executor
 from wanspec.protocols.base import (
     Cancel,
     ComputeDone,

@@ -9,7 +9,8 @@ import torch
 
 import wanspec
 from wanspec import wire
-from wanspec.models.jobs import Forward, run_job, session_executor
+from wanspec.jobs import Forward
+from wanspec.models.jobs import run_job, session_executor
 from wanspec.models.lm import load_model
 from wanspec.protocols.base import Compute, ComputeDone, Emit, Finish, MessageReceived, Send, Start
 from wanspec.protocols.registry import make_cloud, make_edge

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from wanspec.models.jobs import ComputeCost
+from wanspec.jobs import ComputeCost
 from wanspec.protocols.base import (
     Cancel,
     Compute,

@@ -12,7 +12,8 @@ import math
 import numpy as np
 import pytest
 
-from wanspec.models.jobs import ComputeCost, session_executor
+from wanspec.jobs import ComputeCost
+from wanspec.models.jobs import session_executor
 from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
 from wanspec.models.tiny import build_tokenizer
 from wanspec.protocols.registry import build_machines

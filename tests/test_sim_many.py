@@ -15,9 +15,10 @@ from click.testing import CliRunner
 from wanspec.bench.capacity import capacity
 from wanspec.bench.config import CONFIGS, TINY_SHARED_PAIR
 from wanspec.bench.context import Context
-from wanspec.bench.experiments import EXPERIMENTS
+from wanspec.bench.registry import EXPERIMENTS
 from wanspec.cli import main
-from wanspec.models.jobs import ComputeCost, session_executor
+from wanspec.jobs import ComputeCost
+from wanspec.models.jobs import session_executor
 from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
 from wanspec.models.tiny import build_tokenizer
 from wanspec.protocols.registry import build_machines

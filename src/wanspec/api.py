@@ -9,7 +9,8 @@ from typing import Any
 
 import torch
 
-from wanspec.models.jobs import ComputeCost, Executor, session_executor
+from wanspec.jobs import ComputeCost, Executor
+from wanspec.models.jobs import session_executor
 from wanspec.models.lm import resolve_device
 from wanspec.models.replay import JobReplay, replaying_executor
 from wanspec.protocols.endpoints import TargetInfo

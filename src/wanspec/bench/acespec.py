@@ -235,7 +235,7 @@ def acceptance_counts(accepted: Sequence[int], gamma: int) -> tuple[int, int]:
 
 def tree_draft_seconds(edge_profile: Any, budget: int, gamma: int) -> float:
     """T_tree(B): γ tree passes over B tips (how the pipeline drafts and the budget prices it)."""
-    from wanspec.models.jobs import ComputeCost
+    from wanspec.jobs import ComputeCost
     from wanspec.sim import load_profile
 
     return gamma * load_profile(edge_profile).seconds(ComputeCost("tree", n=budget))
@@ -243,7 +243,7 @@ def tree_draft_seconds(edge_profile: Any, budget: int, gamma: int) -> float:
 
 def verify_seconds(cloud_profile: Any, gamma: int) -> float:
     """T_verify: one target pass over γ + 1 positions."""
-    from wanspec.models.jobs import ComputeCost
+    from wanspec.jobs import ComputeCost
     from wanspec.sim import load_profile
 
     return load_profile(cloud_profile).seconds(ComputeCost("forward", n=gamma + 1))

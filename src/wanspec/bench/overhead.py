@@ -460,7 +460,8 @@ class OverheadReport:
 def one_token_ms(model: Any, ids: Sequence[int], decodes: int = 10) -> float:
     """Median wall ms of one one-token decode after `ids` are cached, on a fresh session of
     `model` through the executor API the simulator uses (two untimed decodes first)."""
-    from wanspec.models.jobs import Forward, session_executor
+    from wanspec.jobs import Forward
+    from wanspec.models.jobs import session_executor
 
     run = session_executor(model)
     run(Forward(0, tuple(ids), 1))

@@ -1,121 +1,30 @@
-"""Model computations as plain data, and the one function that runs them on a session.
+"""The one place a protocol's jobs (`wanspec.jobs`) touch a model: run them on a session.
 
-A protocol machine never touches a model: it returns a job (what to compute) and later receives
-the result. Jobs are frozen, picklable dataclasses, so a driver can run them on an executor
-thread, in another process, or batch them with other sessions' jobs, and the machine's output
-for a seed cannot depend on when or where they ran. The result of every forward-like job is a
-float32 CPU logits tensor [rows, V] of its own, whatever device the model computes on (only
-those rows leave the device); a job that only rearranges the cache returns None.
-
-`ComputeCost` is what a job costs in the simulator's terms (see `wanspec.sim.profiles`).
+The result of every forward-like job is a float32 CPU logits tensor [rows, V] of its own,
+whatever device the model computes on (only those rows leave the device); a job that only
+rearranges the cache returns None.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import torch
 
+from wanspec.jobs import (
+    Embed,
+    Executor,
+    Forward,
+    ForwardEmbeddings,
+    Job,
+    KeepTreePath,
+    TreeForward,
+)
 from wanspec.models.batch_policy import prefill_pieces
 from wanspec.models.batched import batched_extend, can_batch
 from wanspec.models.lm import LanguageModel
-
-
-@dataclass(frozen=True)
-class ComputeCost:
-    """What a computation costs, for drivers that charge virtual time.
-
-    kind: "forward" (n new tokens after a cache of `context` tokens), "tree" (n tree nodes in one
-    pass), "cpu" (bookkeeping, charged as free unless a profile says otherwise).
-    """
-
-    kind: Literal["forward", "tree", "cpu"]
-    n: int = 0
-    context: int = 0
-    passes: int = 1  # sequential forward passes of `n` tokens each
-
-
-@dataclass(frozen=True)
-class Forward:
-    """Keep the first `keep` cached tokens, feed `tokens`, return the logits of the last `rows`.
-
-    Only the rows a machine needs come back: a 500-token prefill of a 152k-word model would
-    otherwise hand over 300 MB of logits nobody reads.
-    """
-
-    keep: int
-    tokens: tuple[int, ...]
-    rows: int = 1
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
-        if self.keep < 0 or not 0 <= self.rows <= len(self.tokens):
-            raise ValueError(
-                f"bad Forward: keep={self.keep}, {len(self.tokens)} tokens, rows={self.rows}"
-            )
-
-    @property
-    def cost(self) -> ComputeCost:
-        return ComputeCost("forward", n=len(self.tokens), context=self.keep)
-
-
-@dataclass(frozen=True)
-class TreeForward:
-    """Score tree nodes in one pass after the cache (see `LanguageModel.tree_forward`)."""
-
-    tokens: tuple[int, ...]
-    parents: tuple[int, ...]
-    context: int = 0  # cached tokens the tree hangs from (for pricing only)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "tokens", tuple(int(t) for t in self.tokens))
-        object.__setattr__(self, "parents", tuple(int(p) for p in self.parents))
-
-    @property
-    def cost(self) -> ComputeCost:
-        return ComputeCost("tree", n=len(self.tokens), context=self.context)
-
-
-@dataclass(frozen=True)
-class KeepTreePath:
-    """Keep one root-to-leaf chain of the pending tree behind its prefix; drop the rest (or,
-    with `keep_descendants`, keep the subtree below the chain pending, re-rooted)."""
-
-    nodes: tuple[int, ...]
-    keep_descendants: bool = False
-
-    @property
-    def cost(self) -> ComputeCost:
-        return ComputeCost("cpu", n=len(self.nodes))
-
-
-@dataclass(frozen=True)
-class Embed:
-    """The model's input embeddings of `ids` (split inference's edge half)."""
-
-    ids: tuple[int, ...]
-
-    @property
-    def cost(self) -> ComputeCost:
-        return ComputeCost("cpu", n=len(self.ids))
-
-
-@dataclass(frozen=True, eq=False)
-class ForwardEmbeddings:
-    """Keep `keep` cached positions, feed activation rows, return the last row's logits."""
-
-    keep: int
-    rows: np.ndarray = field(repr=False)
-
-    @property
-    def cost(self) -> ComputeCost:
-        return ComputeCost("forward", n=int(self.rows.shape[0]), context=self.keep)
-
-
-Job = Forward | TreeForward | KeepTreePath | Embed | ForwardEmbeddings
 
 
 def split_forward(job: Forward, size: int) -> list[Forward]:
@@ -187,9 +96,6 @@ def _roll_back(session: LanguageModel, keep: int) -> None:
         raise RuntimeError(f"job keeps {keep} cached tokens but the session holds {session.length}")
     if session.length != keep or session.pending_tree_size:
         session.truncate(keep)
-
-
-Executor = Callable[[Job], Any]
 
 
 def session_executor(model: LanguageModel) -> Executor:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Hashable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from wanspec.models.jobs import Job
+    from wanspec.jobs import Job
 
 DEFAULT_MAX_BYTES = 4 << 30  # 4 GiB of stored results
 
@@ -143,7 +143,7 @@ class JobReplay:
 def job_key(job: Job) -> Hashable:
     """A hashable key equal for equal jobs. The jobs are frozen dataclasses compared by value,
     except `ForwardEmbeddings`, whose activation rows are keyed by shape, dtype and a digest."""
-    from wanspec.models.jobs import ForwardEmbeddings
+    from wanspec.jobs import ForwardEmbeddings
 
     if isinstance(job, ForwardEmbeddings):
         import numpy as np

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wanspec import wire
-from wanspec.models.jobs import Job
+from wanspec.jobs import Job
 from wanspec.net.framing import ConnectionClosed, MessageStream
 from wanspec.protocols.base import (
     Action,

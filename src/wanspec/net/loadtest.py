@@ -71,7 +71,8 @@ def pass_seconds(lm: Any, sessions: int, rows: int = 5, context: int = 64) -> tu
     """Wall seconds to verify `rows` tokens for each of `sessions` sessions (each with `context`
     cached tokens): (one batched pass, one pass per session). The server side alone, no
     network and no edges; the best of three."""
-    from wanspec.models.jobs import Forward, run_job, run_jobs_batched
+    from wanspec.jobs import Forward
+    from wanspec.models.jobs import run_job, run_jobs_batched
 
     def once(batched: bool) -> float:
         work = []

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Literal, Protocol
 import numpy as np
 
 from wanspec import wire
-from wanspec.models.jobs import ComputeCost, Job
+from wanspec.jobs import ComputeCost, Job
 
 Side = Literal["edge", "cloud"]
 PROTOCOL_VERSION = wire.WIRE_VERSION

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from wanspec.models.jobs import Forward
+from wanspec.jobs import Forward
 
 
 class CacheMirror:

@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from wanspec import wire
-from wanspec.models.jobs import KeepTreePath, TreeForward
+from wanspec.jobs import KeepTreePath, TreeForward
 from wanspec.protocols.base import Action, ComputeDone, Event, MessageReceived, ProtocolError
 from wanspec.protocols.budget import BranchPlanner, ranked_capture
 from wanspec.protocols.schemes import dist_probs

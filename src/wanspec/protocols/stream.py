@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from wanspec import wire
-from wanspec.models.jobs import Embed, ForwardEmbeddings
+from wanspec.jobs import Embed, ForwardEmbeddings
 from wanspec.protocols.base import Action, ErrorCode, Machine, ProtocolError, Send, request_rng
 from wanspec.protocols.cache import CacheMirror
 from wanspec.protocols.endpoints import EdgeMachine, TargetInfo

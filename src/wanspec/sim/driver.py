@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from wanspec.models.jobs import Executor
+from wanspec.jobs import Executor
 from wanspec.protocols.base import (
     Cancel,
     Compute,

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from wanspec.jobs import ComputeCost, Executor, Forward, Job
 from wanspec.models.batch_policy import (
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_PREFILL_CHUNK,
@@ -40,7 +41,6 @@ from wanspec.models.batch_policy import (
     padded_tokens,
     prefill_pieces,
 )
-from wanspec.models.jobs import ComputeCost, Executor, Forward, Job
 from wanspec.protocols.base import Compute, Event, Side, Start, StateMachine
 from wanspec.sim.driver import (
     SimResult,

@@ -42,7 +42,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Protocol
 
-from wanspec.models.jobs import ComputeCost
+from wanspec.jobs import ComputeCost
 from wanspec.paths import user_profiles_dir
 
 _KINDS = ("forward", "tree", "cpu")
