@@ -18,12 +18,7 @@ from wanspec.bench.accounting import Events, Vocab, paper_bits
 from wanspec.bench.config import CONFIGS
 from wanspec.bench.context import Context
 from wanspec.bench.datasets import DATASETS, load_prompts
-from wanspec.bench.experiments import (
-    EXPERIMENTS,
-    generation_cell,
-    run_generation_cell,
-    synthetic_pair,
-)
+from wanspec.bench.experiment import generation_cell, run_generation_cell, synthetic_pair
 from wanspec.bench.metrics import (
     METRICS,
     answer_letter,
@@ -33,6 +28,7 @@ from wanspec.bench.metrics import (
     paired_difference_interval,
     rouge2,
 )
+from wanspec.bench.registry import EXPERIMENTS
 from wanspec.bench.runner import Cell, read_results, run_sweep, settings_hash
 from wanspec.bench.stats import ci_column, interval_text
 from wanspec.bench.sweep import columns, current_lines, run_experiment

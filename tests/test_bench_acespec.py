@@ -16,6 +16,7 @@ from click.testing import CliRunner
 from wanspec.bench import acespec
 from wanspec.bench.config import CONFIGS
 from wanspec.bench.context import Context
+from wanspec.bench.registry import EXPERIMENTS
 from wanspec.bench.runner import read_results, settings_hash
 from wanspec.bench.stats import Interval, ci_column, interval_text
 from wanspec.bench.sweep import columns, current_lines
@@ -91,7 +92,7 @@ def test_rate_columns_carry_intervals_that_hold_the_point(tiny_run, name: str) -
     assert TINY.prompts >= 2
     folder = tiny_run[0] / name
     _, lines = current_lines(folder)
-    rows = acespec.EXPERIMENTS[name].table(lines)
+    rows = EXPERIMENTS[name].table(lines)
     order = columns(rows)
     for column in INTERVAL_COLUMNS[name]:
         assert order[order.index(column) + 1] == ci_column(column)

@@ -9,6 +9,9 @@ targets.
   AceSpec at 50 kbit/s as a fraction of its 100 Mbit/s throughput (`summary.md`);
 - `acespec-budget`, `acespec-temperature`: tree-cache hit rate against B and against T.
 
+They are `ACESPEC_EXPERIMENTS`, a plain list, with `ACESPEC_ALIASES`; `wanspec.bench.registry`
+assembles them with the other modules' experiments.
+
 Why these profiles. AceSpec's testbed is an AGX Orin edge and a 4×A100 cloud; wanspec prices
 compute with the same hardware (`edge-orin`, `cloud-a100x4-70b`: the paper's LLaMA-1B/70B
 setting), never with this machine's clock. With one chain in flight a miss costs only the
@@ -42,15 +45,13 @@ from wanspec.bench.config import (
     Config,
 )
 from wanspec.bench.context import Context
-from wanspec.bench.experiments import (
-    ALIASES,
-    EXPERIMENTS,
+from wanspec.bench.experiment import (
     REFERENCE_METHOD,
     Experiment,
     Line,
     Row,
-    _totals,
     bits_interval,
+    cell_totals,
     expected_length,
     prompt_interval,
     run_generation_cell,
@@ -58,6 +59,7 @@ from wanspec.bench.experiments import (
     throughput_interval,
 )
 from wanspec.bench.runner import Cell
+from wanspec.bench.tables import markdown_table
 
 if TYPE_CHECKING:
     from wanspec.bench.stats import Interval
@@ -273,7 +275,7 @@ def measures(line: Line) -> Row:
     from wanspec.bench.stats import ci_column
 
     s, stats = line["settings"], _prompt_stats(line)
-    totals = _totals(line)
+    totals = cell_totals(line)
     gamma = s["generation"].get("gamma")
     accepted = [a for st in stats for a in st["accepted_per_round"]]
     hits = sum(st.get("cache_hits", 0) for st in stats)
@@ -546,12 +548,6 @@ def _ablation_table(lines: list[Line]) -> list[Row]:
     return rows
 
 
-def _markdown(rows: list[Row]) -> str:
-    from wanspec.bench.sweep import markdown_table  # sweep imports this module's registry
-
-    return markdown_table(rows)
-
-
 def _ablation_summary(rows: list[Row]) -> str:
     """Per dataset: whether this run tells Table II's tree shapes apart, then the pipelines' tables
     (the pipelines at the fast link beside the ideal bound, the constrained link as a fraction
@@ -685,15 +681,15 @@ def _dataset_summary(dataset: str, fast: dict[str, Row], slow: list[Row]) -> str
             "ms/round are measured over the whole run: E[L] assumes i.i.d. acceptance, a "
             "bursty run yields fewer tokens per round.",
             "",
-            _markdown(pipelines),
+            markdown_table(pipelines),
             "",
             f"### Constrained link against {fast_rate} ({dataset})",
             "",
-            _markdown(constrained),
+            markdown_table(constrained),
             "",
             f"### Pipeline targets ({dataset})",
             "",
-            _markdown(targets),
+            markdown_table(targets),
         ]
     )
 
@@ -772,7 +768,7 @@ def _temperature_plot(rows: list[Row], folder: Path) -> list[Path]:
     )
 
 
-# ============================================================================ registry
+# ============================================================================ the experiments
 
 _SETUP_NOTE = (
     "Simulator, virtual time: edge `edge-orin` (AGX Orin, AceSpec's edge), cloud "
@@ -840,5 +836,4 @@ ACESPEC_EXPERIMENTS = [
     ),
 ]
 
-EXPERIMENTS.update({e.name: e for e in ACESPEC_EXPERIMENTS})
-ALIASES["ablation"] = "acespec-ablation"  # the short name
+ACESPEC_ALIASES = {"ablation": "acespec-ablation"}  # other command names: alias -> experiment

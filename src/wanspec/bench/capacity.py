@@ -20,6 +20,9 @@ beside the very same request run alone (seed, prompt and link: one `alone` cell 
 RTT), which removes the spread of acceptance between edges from the comparison; "within 20%"
 holds for N when the edges' mean keeps ≥ 0.8 of their alone rate, and the capacity is the
 largest N of the sweep before the first N that does not.
+
+`CAPACITY_EXPERIMENTS` holds the two experiments, `capacity` (the synthetic pair) and
+`capacity-real` (real models decide the tokens); `wanspec.bench.registry` assembles them.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ import numpy as np
 
 from wanspec.bench.config import REAL_SHARED, TINY_SHARED_PAIR, Config
 from wanspec.bench.context import Context
-from wanspec.bench.experiments import EXPERIMENTS, Experiment, Line, Row, synthetic_pair
+from wanspec.bench.experiment import Experiment, Line, Row, synthetic_pair
 from wanspec.bench.runner import Cell
 from wanspec.models.batch_policy import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_PREFILL_CHUNK
 
@@ -342,23 +345,34 @@ ABOUT = (
     "last finish; *cloud busy* = share of that span in passes. {tokens}; the profiles price "
     "the compute."
 )
-for _name, _setups, _tokens in (
-    ("capacity", SETUPS, "The synthetic pair (i.i.d. acceptance α = 0.8) decides the tokens"),
-    (
-        "capacity-real",
-        REAL_SETUPS,
-        "Real models decide the tokens (tiny: the tiny shared pair; "
-        "quick, full: Qwen2.5-Coder 0.5B → 1.5B on GSM8K prompts)",
-    ),
-):
-    EXPERIMENTS[_name] = Experiment(
-        _name,
-        "Edges per cloud accelerator: batched verification on the simulator"
-        + (" (real models)" if _setups is REAL_SETUPS else ""),
-        ABOUT.format(tokens=_tokens),
-        _cells_of(_name, _setups),
+
+
+def _experiment(
+    name: str, setups: dict[str, CapacitySetup], tokens: str, *, real_models: bool = False
+) -> Experiment:
+    """The capacity sweep under `setups`; `tokens` says what decides the tokens."""
+    title = "Edges per cloud accelerator: batched verification on the simulator"
+    return Experiment(
+        name,
+        title + (" (real models)" if real_models else ""),
+        ABOUT.format(tokens=tokens),
+        _cells_of(name, setups),
         _run_cell,
         _table,
         _plot,
         _summary,
     )
+
+
+CAPACITY_EXPERIMENTS = [
+    _experiment(
+        "capacity", SETUPS, "The synthetic pair (i.i.d. acceptance α = 0.8) decides the tokens"
+    ),
+    _experiment(
+        "capacity-real",
+        REAL_SETUPS,
+        "Real models decide the tokens (tiny: the tiny shared pair; "
+        "quick, full: Qwen2.5-Coder 0.5B → 1.5B on GSM8K prompts)",
+        real_models=True,
+    ),
+]

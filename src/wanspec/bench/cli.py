@@ -9,9 +9,9 @@ from typing import Any
 import click
 
 from wanspec.bench.config import CONFIGS, REAL_HETERO
-from wanspec.bench.experiments import ALIASES, EXPERIMENTS
 from wanspec.bench.overhead import PAIRS
 from wanspec.bench.realsim import METHODS as REALSIM_METHODS
+from wanspec.bench.registry import ALIASES, EXPERIMENTS
 from wanspec.models.cli import loading_options
 
 DEFAULT_OUT = "docs/results"

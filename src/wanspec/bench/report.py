@@ -12,15 +12,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from wanspec.bench.experiments import EXPERIMENTS
+from wanspec.bench.registry import EXPERIMENTS
 from wanspec.bench.sweep import (
     MANIFEST,
     SUMMARY,
     current_lines,
     environment,
     finalize,
-    markdown_table,
 )
+from wanspec.bench.tables import markdown_table
 
 HEADER = """# wanspec results
 

@@ -28,7 +28,8 @@ from typing import Any
 
 from wanspec.bench.config import Config
 from wanspec.bench.context import Context
-from wanspec.bench.experiments import Experiment, Row, get_experiment
+from wanspec.bench.experiment import Experiment, Row
+from wanspec.bench.registry import get_experiment
 from wanspec.bench.runner import (
     Cell,
     SweepSummary,
@@ -37,6 +38,7 @@ from wanspec.bench.runner import (
     run_sweep,
     settings_hash,
 )
+from wanspec.bench.tables import columns, markdown_table
 
 MANIFEST = "manifest.json"
 FIGURES_STAMP = "figures.json"  # which rows the figures on disk show
@@ -192,29 +194,3 @@ def _write_csv(path: Path, rows: list[Row]) -> None:
         writer = csv.DictWriter(f, fieldnames=columns(rows))
         writer.writeheader()
         writer.writerows(rows)
-
-
-def columns(rows: list[Row]) -> list[str]:
-    """Every column of any row, in order of first appearance."""
-    return list(dict.fromkeys(c for r in rows for c in r))
-
-
-def _cell_text(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    if isinstance(value, float):
-        if value == 0 or 1e-3 <= abs(value) < 1e6:
-            return f"{value:.4g}" if abs(value) < 1e4 else f"{value:,.0f}"
-        return f"{value:.3g}"
-    return str(value)
-
-
-def markdown_table(rows: list[Row], drop: tuple[str, ...] = ("hash",)) -> str:
-    if not rows:
-        return "(no rows)"
-    names = [c for c in columns(rows) if c not in drop]
-    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-    lines += ["| " + " | ".join(_cell_text(r.get(c)) for c in names) + " |" for r in rows]
-    return "\n".join(lines)

@@ -1,154 +1,43 @@
-"""The experiments: which cells each one runs, how a cell runs, and its table and figure.
+"""X-CoSD's experiments: `xcosd-bits` (Table 5), `xcosd-rate`, `quality` and `analysis`.
 
-An experiment is an `Experiment` in `EXPERIMENTS`: `cells(config, ctx)` lists its cells,
-`run_cell(cell, ctx)` computes one (on the simulator, through the public `wanspec.generate`),
-`table(lines)` turns the finished cells into rows, `plot(rows, folder)` draws them. Cells store
-raw per-prompt stats, so tables and accounting can change without rerunning anything. A new
-experiment (AceSpec's, once its methods exist) is one more entry: generation cells take any
-method, dataset, profile pair, link and generation settings (`generation_cell`).
+Each is an `Experiment` (`wanspec.bench.experiment`) in `XCOSD_EXPERIMENTS`, a plain list:
+`wanspec.bench.registry` assembles it with the other modules' lists, and importing this module
+changes nothing elsewhere.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from functools import cache
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from wanspec.bench.accounting import ACCOUNTED_METHODS, Events, Vocab, paper_bits
-from wanspec.bench.config import METHOD_OPTIONS, Config
-from wanspec.bench.context import Context, vocab_sizes
+from wanspec.bench.config import Config
+from wanspec.bench.context import Context
+from wanspec.bench.experiment import (
+    REFERENCE_METHOD,
+    Experiment,
+    Line,
+    Row,
+    bits_interval,
+    cell_totals,
+    expected_length,
+    generation_cell,
+    prompt_interval,
+    run_generation_cell,
+    speedup_interval,
+    synthetic_pair,
+    throughput_interval,
+)
 from wanspec.bench.runner import Cell
 
 if TYPE_CHECKING:  # numpy: kept off the command line's start-up
     from wanspec.bench.stats import Interval
 
-Line = dict[str, Any]
-Row = dict[str, Any]
-# one-off messages of a request's session (handshake, prompt, close): not per-token load
-SESSION_MESSAGES = {"up": ("Hello", "StartRequest", "Close"), "down": ("HelloAck",)}
-REFERENCE_METHOD = "ar"  # the target model alone: the quality every lossless method must match
-
-
-@dataclass(frozen=True)
-class Experiment:
-    name: str
-    title: str
-    about: str
-    cells: Callable[[Config, Context], list[Cell]]
-    run_cell: Callable[[Cell, Context], dict[str, Any]]
-    table: Callable[[list[Line]], list[Row]]
-    plot: Callable[[list[Row], Path], list[Path]]
-    # further Markdown tables drawn from the same rows (summary.md, printed after the table)
-    summary: Callable[[list[Row]], str] | None = None
-
-
-# ============================================================================ generation cells
-
-
-def generation_cell(
-    config: Config,
-    ctx: Context,
-    experiment: str,
-    method: str,
-    dataset: str,
-    *,
-    temperature: float,
-    max_new_tokens: int,
-    downlink_bps: float | None = None,
-) -> Cell:
-    """One method on one prompt set; only this method's options enter its settings."""
-    prompts = ctx.prompts(dataset, config.prompts)
-    generation: dict[str, Any] = {
-        "max_new_tokens": max_new_tokens,
-        "temperature": temperature,
-        "top_k": 0,
-        "top_p": 1.0,
-        "seed": config.seed,
-    }
-    if method != REFERENCE_METHOD:
-        generation["gamma"] = config.gamma
-    generation.update({k: config.options[k] for k in METHOD_OPTIONS.get(method, ())})
-    link = {
-        "uplink_bps": config.uplink_bps,
-        "downlink_bps": downlink_bps or config.downlink_bps,
-        "rtt_s": config.rtt_s,
-    }
-    settings = {
-        "experiment": experiment,
-        "method": method,
-        "dataset": {"name": prompts.name, "n": len(prompts.records), "digest": prompts.digest},
-        "target": config.target,
-        "draft": config.draft,
-        "edge_profile": config.edge_profile,
-        "cloud_profile": config.cloud_profile,
-        "link": link,
-        "generation": generation,
-    }
-    key = f"{method} | {prompts.name} | T={temperature}"
-    if downlink_bps:
-        key += f" | down={downlink_bps:.3g} bps"
-    return Cell(key, settings)
-
-
-def run_generation_cell(cell: Cell, ctx: Context) -> dict[str, Any]:
-    """Every prompt of the cell through `wanspec.generate`; prompt i uses seed + i."""
-    import wanspec
-    from wanspec.bench import metrics
-
-    s = cell.settings
-    pair = ctx.pair(s["target"], s["draft"])
-    prompts = ctx.prompts(s["dataset"]["name"], s["dataset"]["n"])
-    if prompts.digest != s["dataset"]["digest"]:
-        raise ValueError(f"prompt set {prompts.name!r} changed while the sweep ran")
-    link = wanspec.Link(
-        bandwidth_bps=s["link"]["downlink_bps"],
-        uplink_bps=s["link"]["uplink_bps"],
-        downlink_bps=s["link"]["downlink_bps"],
-        rtt_s=s["link"]["rtt_s"],
-    )
-    results = []
-    for i, record in enumerate(prompts.records):
-        generation = {**s["generation"], "seed": s["generation"]["seed"] + i}
-        res = wanspec.generate(
-            pair,
-            record["prompt"],
-            s["method"],
-            link=link,
-            edge_profile=s["edge_profile"],
-            cloud_profile=s["cloud_profile"],
-            reuse=ctx.reuse,
-            **generation,
-        )
-        entry = {"id": record["id"], "text": res.text, "stats": res.stats}
-        if prompts.task:
-            entry["gold"] = metrics.gold_answer(prompts.task, record)
-        results.append(entry)
-    return {"vocab": vocab_sizes(pair), "task": prompts.task, "prompts": results}
-
 
 def _per_token(total: float, tokens: int) -> float | None:
     return total / tokens if tokens else None
-
-
-def prompt_bits(stats: dict[str, Any], direction: str) -> int:
-    """One prompt's bits in `direction` ("up" or "down"), the session's one-off messages left
-    out: the load that grows with the tokens."""
-    session = SESSION_MESSAGES[direction]
-    return stats[f"{direction}link_bits"] - sum(stats["bits_by_type"].get(m, 0) for m in session)
-
-
-def _totals(line: Line) -> dict[str, float]:
-    """Sums over a cell's prompts of the quantities its tables need."""
-    stats = [p["stats"] for p in line["result"]["prompts"]]
-    return {
-        "tokens": sum(s["new_tokens"] for s in stats),
-        "time_s": sum(s["time_s"] for s in stats),
-        "up_bits": sum(prompt_bits(s, "up") for s in stats),
-        "down_bits": sum(prompt_bits(s, "down") for s in stats),
-    }
 
 
 def _acceptance(line: Line) -> float | None:
@@ -165,50 +54,6 @@ def _acceptance_interval(line: Line) -> Interval | None:
     return prompt_interval(
         line, lambda s: sum(s["accepted_per_round"]), lambda s: len(s["accepted_per_round"]) * gamma
     )
-
-
-# ============================================================================ intervals
-
-
-def prompt_interval(
-    line: Line,
-    num: Callable[[dict[str, Any]], float],
-    den: Callable[[dict[str, Any]], float],
-) -> Interval | None:
-    """The bootstrap interval over a cell's prompts of Σ num(stats) / Σ den(stats) (a
-    `wanspec.bench.stats.Interval`, None with fewer than 2 prompts or no estimate)."""
-    from wanspec.bench.stats import ratio_interval  # numpy: kept off the command line's start-up
-
-    stats = [p["stats"] for p in line["result"]["prompts"]]
-    return ratio_interval([num(s) for s in stats], [den(s) for s in stats])
-
-
-def speedup_interval(line: Line, reference: Line | None) -> Interval | None:
-    """The paired interval of the cell's tokens/s over `reference`'s (the same prompts resampled
-    for both); None without a reference or when the two cells ran different prompts."""
-    from wanspec.bench.stats import paired_ratio_interval
-
-    if reference is None:
-        return None
-    ours, theirs = line["result"]["prompts"], reference["result"]["prompts"]
-    if [p.get("id") for p in ours] != [p.get("id") for p in theirs]:
-        return None
-    return paired_ratio_interval(
-        [p["stats"]["new_tokens"] for p in ours],
-        [p["stats"]["time_s"] for p in ours],
-        [p["stats"]["new_tokens"] for p in theirs],
-        [p["stats"]["time_s"] for p in theirs],
-    )
-
-
-def throughput_interval(line: Line) -> Interval | None:
-    """tokens/s = Σ new tokens / Σ request seconds, bootstrapped over the cell's prompts."""
-    return prompt_interval(line, lambda s: s["new_tokens"], lambda s: s["time_s"])
-
-
-def bits_interval(line: Line, direction: str) -> Interval | None:
-    """Bits per token in `direction` without the session's messages, over the cell's prompts."""
-    return prompt_interval(line, lambda s: prompt_bits(s, direction), lambda s: s["new_tokens"])
 
 
 # ============================================================================ xcosd-bits
@@ -252,7 +97,7 @@ def _bits_table(lines: list[Line]) -> list[Row]:
 
     rows = []
     for line in lines:
-        t = _totals(line)
+        t = cell_totals(line)
         per_prompt = paper_bits_per_prompt(line)
         up, down = sum(u for u, _ in per_prompt), sum(d for _, d in per_prompt)
         tokens = [p["stats"]["new_tokens"] for p in line["result"]["prompts"]]
@@ -319,7 +164,7 @@ def _rate_table(lines: list[Line]) -> list[Row]:
 
     rows = []
     for line in lines:
-        t = _totals(line)
+        t = cell_totals(line)
         stats = [p["stats"] for p in line["result"]["prompts"]]
         latencies = [s["time_s"] / s["new_tokens"] for s in stats if s["new_tokens"]]
         rows.append(
@@ -473,28 +318,6 @@ def _analysis_cells(config: Config, ctx: Context) -> list[Cell]:
     ]
 
 
-@cache
-def _byte_vocabulary() -> tuple[Any, Any]:
-    """A small byte-level tokenizer and its identity alignment (trained once per process)."""
-    from wanspec.models.tiny import build_tokenizer
-    from wanspec.vocab import VocabAlignment
-
-    tokenizer = build_tokenizer("bytelevel", 300)
-    return tokenizer, VocabAlignment.identity(tokenizer)
-
-
-def synthetic_pair(alpha: float, seed: int) -> Any:
-    """The synthetic pair with i.i.d. acceptance α, as a `wanspec.Pair` (shared byte tokenizer)."""
-    import wanspec
-    from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
-
-    tokenizer, alignment = _byte_vocabulary()
-    spec = SyntheticSpec(alpha, vocab_size=alignment.target_width, seed=seed)
-    draft, target = SyntheticLM(spec, "draft"), SyntheticLM(spec, "target")
-    draft.tokenizer = target.tokenizer = tokenizer
-    return wanspec.Pair(target, draft, alignment, target.name, draft.name)
-
-
 def _flat_profile(name: str, ms: float) -> Any:
     from wanspec.sim import load_profile
 
@@ -523,11 +346,6 @@ def _run_analysis_cell(cell: Cell, ctx: Context) -> dict[str, Any]:
             {"accepted_per_round": res.stats["accepted_per_round"], "time_s": res.stats["time_s"]}
         )
     return {"runs": runs}
-
-
-def expected_length(alpha: float, gamma: int) -> float:
-    """(1 − α^γ)/(1 − α): E[L] for γ; with γ + 1, the tokens a stop-and-wait round yields."""
-    return float(gamma) if alpha == 1 else (1 - alpha**gamma) / (1 - alpha)
 
 
 def _mean(values: Sequence[float]) -> float:
@@ -579,77 +397,58 @@ def _analysis_plot(rows: list[Row], folder: Path) -> list[Path]:
     return plots.save(plots.analysis_figure(rows, expected_length), folder, "analysis")
 
 
-# ============================================================================ registry
+# ============================================================================ the experiments
 
-EXPERIMENTS: dict[str, Experiment] = {
-    e.name: e
-    for e in [
-        Experiment(
-            "xcosd-bits",
-            "Communication load per generated token (X-CoSD Table 5, N = γ = 2)",
-            "Uplink and downlink bits per generated token of every heterogeneous-vocabulary "
-            "method, per dataset. *wire*: the exact encoded bytes wanspec sends (sparse "
-            "distributions where smaller, message framing included; the one-off session "
-            "messages Hello, HelloAck, StartRequest (with the prompt) and Close left out). "
-            "*paper*: the same runs under X-CoSD's accounting (16 bits per probability over the "
-            "vocabulary a distribution lives on), counted from each run's events; the formulas "
-            "are in `wanspec.bench.accounting`.",
-            _bits_cells,
-            run_generation_cell,
-            _bits_table,
-            _bits_plot,
-        ),
-        Experiment(
-            "xcosd-rate",
-            "Throughput and per-token latency against the downlink rate (X-CoSD Figs.)",
-            "Tokens per second and mean per-token latency (request time / tokens) of the same "
-            "methods and the target alone (`ar`) as the downlink rate varies; uplink and RTT "
-            "fixed by the configuration. Speedup is against `ar` at the same rate.",
-            _rate_cells,
-            run_generation_cell,
-            _rate_table,
-            _rate_plot,
-        ),
-        Experiment(
-            "quality",
-            "Generation quality: lossless methods match the target model",
-            "BLEU (translation), ROUGE-2 (summaries), exact-match accuracy (math: final "
-            "number; multiple choice: letter), per method and temperature, with a 95% "
-            "bootstrap interval over prompts. *matches ar*: the paired-bootstrap interval of "
-            "(method − ar) holds 0, i.e. the method's quality equals the target model's within "
-            "sampling noise. Lossless methods must match; lossy ones (gr, tr, uhlm) may not.",
-            _quality_cells,
-            run_generation_cell,
-            _quality_table,
-            _quality_plot,
-        ),
-        Experiment(
-            "analysis",
-            "Analysis against the simulator (synthetic pair, i.i.d. acceptance α)",
-            "E[L] = (1−α^γ)/(1−α) (AceSpec's expected accepted length, measured as "
-            "E[min(A+1, γ)]), tokens per round (1−α^{γ+1})/(1−α), and the stop-and-wait cycle "
-            "T_draft(γ) + RTT + T_verify with flat profiles (edge 20 ms and cloud 35 ms per "
-            "pass, RTT 100 ms, unlimited bandwidth) against the discrete-event simulator.",
-            _analysis_cells,
-            _run_analysis_cell,
-            _analysis_table,
-            _analysis_plot,
-        ),
-    ]
-}
-
-
-# other command names of an experiment (the issues' names), alias -> experiment
-ALIASES: dict[str, str] = {}
-
-
-def get_experiment(name: str) -> Experiment:
-    name = ALIASES.get(name, name)
-    if name not in EXPERIMENTS:
-        raise ValueError(f"unknown experiment {name!r}; known: {', '.join(EXPERIMENTS)}")
-    return EXPERIMENTS[name]
-
-
-# AceSpec's experiments add themselves to EXPERIMENTS and ALIASES (that module imports this one)
-from wanspec.bench import acespec as _acespec  # noqa: E402, F401
-from wanspec.bench import capacity as _capacity  # noqa: E402, F401  (edges per cloud)
+XCOSD_EXPERIMENTS = [
+    Experiment(
+        "xcosd-bits",
+        "Communication load per generated token (X-CoSD Table 5, N = γ = 2)",
+        "Uplink and downlink bits per generated token of every heterogeneous-vocabulary "
+        "method, per dataset. *wire*: the exact encoded bytes wanspec sends (sparse "
+        "distributions where smaller, message framing included; the one-off session "
+        "messages Hello, HelloAck, StartRequest (with the prompt) and Close left out). "
+        "*paper*: the same runs under X-CoSD's accounting (16 bits per probability over the "
+        "vocabulary a distribution lives on), counted from each run's events; the formulas "
+        "are in `wanspec.bench.accounting`.",
+        _bits_cells,
+        run_generation_cell,
+        _bits_table,
+        _bits_plot,
+    ),
+    Experiment(
+        "xcosd-rate",
+        "Throughput and per-token latency against the downlink rate (X-CoSD Figs.)",
+        "Tokens per second and mean per-token latency (request time / tokens) of the same "
+        "methods and the target alone (`ar`) as the downlink rate varies; uplink and RTT "
+        "fixed by the configuration. Speedup is against `ar` at the same rate.",
+        _rate_cells,
+        run_generation_cell,
+        _rate_table,
+        _rate_plot,
+    ),
+    Experiment(
+        "quality",
+        "Generation quality: lossless methods match the target model",
+        "BLEU (translation), ROUGE-2 (summaries), exact-match accuracy (math: final "
+        "number; multiple choice: letter), per method and temperature, with a 95% "
+        "bootstrap interval over prompts. *matches ar*: the paired-bootstrap interval of "
+        "(method − ar) holds 0, i.e. the method's quality equals the target model's within "
+        "sampling noise. Lossless methods must match; lossy ones (gr, tr, uhlm) may not.",
+        _quality_cells,
+        run_generation_cell,
+        _quality_table,
+        _quality_plot,
+    ),
+    Experiment(
+        "analysis",
+        "Analysis against the simulator (synthetic pair, i.i.d. acceptance α)",
+        "E[L] = (1−α^γ)/(1−α) (AceSpec's expected accepted length, measured as "
+        "E[min(A+1, γ)]), tokens per round (1−α^{γ+1})/(1−α), and the stop-and-wait cycle "
+        "T_draft(γ) + RTT + T_verify with flat profiles (edge 20 ms and cloud 35 ms per "
+        "pass, RTT 100 ms, unlimited bandwidth) against the discrete-event simulator.",
+        _analysis_cells,
+        _run_analysis_cell,
+        _analysis_table,
+        _analysis_plot,
+    ),
+]
