@@ -1,13 +1,18 @@
-"""What each floor loads when imported: the protocols build jobs and decide without model code,
-and the plain-data modules under them need nothing but numpy. Each import runs in a fresh
-interpreter, so a module another test loaded cannot hide a heavy import."""
+"""The floors of the package: what each loads when imported (the protocols build jobs and decide
+without model code; the plain-data modules under them need nothing but numpy; each import runs
+in a fresh interpreter, so a module another test loaded cannot hide a heavy one), and the import
+graph: no module imports from a floor above its own, and no imports go in a circle."""
 
 from __future__ import annotations
 
+import ast
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+
+import wanspec
 
 
 def _loaded_after(statement: str, heavy: tuple[str, ...]) -> list[str]:
@@ -24,6 +29,111 @@ def test_the_protocols_load_no_model_code() -> None:
     assert _loaded_after(modules, ("transformers", "wanspec.models.lm")) == []
 
 
-@pytest.mark.parametrize("module", ["wanspec.jobs", "wanspec.models.batch_policy", "wanspec.wire"])
+@pytest.mark.parametrize(
+    "module", ["wanspec.jobs", "wanspec.models.batch_policy", "wanspec.wire", "wanspec.link"]
+)
 def test_plain_data_modules_need_nothing_but_numpy(module: str) -> None:
     assert _loaded_after(f"import {module}", ("torch", "transformers")) == []
+
+
+# The floors of docs/ARCHITECTURE.md: a module imports only from its own floor or those below.
+FLOORS = {
+    "sampling": 0,
+    "paths": 0,
+    "vocab": 1,
+    "wire": 1,
+    "jobs": 1,
+    "assets": 1,
+    "models": 1,
+    "protocols": 2,
+    "sim": 3,
+    "net": 3,
+    "api": 4,
+    "edge_service": 5,
+    "bench": 5,
+    "cli": 6,
+}
+SOURCE = Path(wanspec.__file__).parent
+
+
+def _imports() -> dict[str, set[str]]:
+    """wanspec module → the wanspec modules it imports (at any level, TYPE_CHECKING left out)."""
+    modules = {
+        ".".join(("wanspec", *p.relative_to(SOURCE).with_suffix("").parts)).removesuffix(
+            ".__init__"
+        ): p
+        for p in SOURCE.rglob("*.py")
+    }
+    graph = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        hidden = {
+            id(node)
+            for block in ast.walk(tree)
+            if isinstance(block, ast.If) and "TYPE_CHECKING" in ast.unparse(block.test)
+            for node in ast.walk(block)
+        }
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        found = set()
+        for node in ast.walk(tree):
+            if id(node) in hidden or not isinstance(node, ast.Import | ast.ImportFrom):
+                continue
+            found.update(_targets(node, package, modules))
+        graph[name] = found - {name}
+    return graph
+
+
+def _targets(node: ast.Import | ast.ImportFrom, package: str, modules: dict) -> set[str]:
+    if isinstance(node, ast.Import):
+        names = [alias.name for alias in node.names]
+    else:
+        base = node.module or ""
+        if node.level:
+            parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+            base = ".".join([*parts, base] if base else parts)
+        names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+    out = set()
+    for name in names:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        if name.startswith("wanspec."):
+            out.add(name)
+    return out
+
+
+def _floor(module: str) -> int | None:
+    return FLOORS.get(module.split(".")[1]) if module.count(".") else None
+
+
+def test_no_module_imports_from_a_floor_above_its_own() -> None:
+    upward = [
+        f"{a} -> {b}"
+        for a, targets in _imports().items()
+        for b in targets
+        if _floor(a) is not None and _floor(b) is not None and _floor(b) > _floor(a)
+    ]
+    assert upward == []
+
+
+def test_no_import_cycle_between_modules() -> None:
+    graph = _imports()
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(module: str, path: list[str]) -> list[str] | None:
+        state[module] = 1
+        for target in sorted(graph[module]):
+            if state.get(target) == 1:
+                return [*path[path.index(target) :], target] if target in path else [target]
+            if target not in state and (cycle := visit(target, [*path, target])):
+                return cycle
+        state[module] = 2
+        return None
+
+    for module in sorted(graph):
+        if module not in state and (cycle := visit(module, [module])):
+            raise AssertionError(" -> ".join(cycle))
+
+
+def test_the_drivers_share_the_link_model_not_each_other() -> None:
+    assert _loaded_after("import wanspec.sim", ("wanspec.net",)) == []
+    assert _loaded_after("import wanspec.net.shaping, wanspec.net.proxy", ("wanspec.sim",)) == []
