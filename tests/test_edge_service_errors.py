@@ -26,10 +26,10 @@ import wanspec
 from nethelpers import refusing_port
 from test_edge_service import OPTIONS, http_service
 from wanspec.edge_service import EdgeService
+from wanspec.net import DirectionSpec
 from wanspec.net.background import cloud_behind_wan
 from wanspec.net.client import RemotePair
 from wanspec.net.server import CloudServer, ServerLimits
-from wanspec.net.shaping import DirectionSpec
 
 METHOD = "naive"
 SLOW_WAN = DirectionSpec(rate_bps=10e6, delay_s=0.02)  # a long request stays in flight

@@ -44,6 +44,7 @@ FLOORS = {
     "wire": 1,
     "jobs": 1,
     "assets": 1,
+    "link": 1,
     "models": 1,
     "protocols": 2,
     "sim": 3,

@@ -11,6 +11,7 @@ import pytest
 
 from nethelpers import run, socket_pair
 from test_wire import EXAMPLES
+from wanspec.link import HEADER_BYTES, MSS, segments
 from wanspec.net import (
     ConnectionClosed,
     FrameReader,
@@ -18,7 +19,6 @@ from wanspec.net import (
     TrafficCounter,
     read_message,
 )
-from wanspec.net.segments import HEADER_BYTES, MSS, segments
 from wanspec.wire import Close, Limits, Message, StartRequest, Tokens, WireError, bits, encode
 
 SMALL = sorted(EXAMPLES, key=lambda m: len(encode(m)))[:8]  # short enough to send byte by byte

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from wanspec.net.segments import HEADER_BYTES, MSS
+from wanspec.link import HEADER_BYTES, MSS
 
 pytestmark = pytest.mark.slow
 

@@ -19,9 +19,9 @@ import pytest
 
 from nethelpers import echo, run, tcp_server
 from wanspec.cli import wan_proxy_specs
+from wanspec.link import MSS
 from wanspec.net import DirectionSpec, Shaper, WanProxy, parse_duration, parse_rate
 from wanspec.net.proxy import chunk_bytes
-from wanspec.net.segments import MSS
 
 LOCAL = ("127.0.0.1", 0)
 

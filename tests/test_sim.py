@@ -223,18 +223,21 @@ def test_loss_triggers_retransmissions_at_the_configured_rate() -> None:
     lost_frac = np.mean(retries > 0)
     assert abs(lost_frac - loss) < 4 * math.sqrt(loss * (1 - loss) / n)
     assert abs(retries.mean() - loss / (1 - loss)) < 0.02
-    for i, tx in enumerate(txs[:200]):  # each loss costs one timeout (RTT) plus a re-serialisation
-        expected = i * 10.0 + 0.001 + tx.retries * (0.1 + 0.001) + 0.05
+    for i, tx in enumerate(txs[:200]):  # each failed attempt costs one timeout (RTT), nothing more
+        expected = i * 10.0 + 0.001 + tx.retries * 0.1 + 0.05
         assert tx.arrival == pytest.approx(expected, abs=1e-9)
     assert retries.max() >= 2  # repeated losses happen
 
 
 def test_custom_retransmit_timeout_and_common_random_numbers() -> None:
-    lossy = Link(1e6, rtt_s=0.1, loss=0.3, retransmit_s=0.5, seed=9).channel("up")
-    clean = Link(1e6, rtt_s=0.1, loss=0.0, seed=9).channel("up")
-    for i in range(300):
-        a, b = lossy.transmit(i * 10.0, 0), clean.transmit(i * 10.0, 0)
+    lossy = Link(1e6, rtt_s=0.1, jitter_s=0.02, loss=0.3, retransmit_s=0.5, seed=9).channel("up")
+    clean = Link(1e6, rtt_s=0.1, jitter_s=0.02, loss=0.0, seed=9).channel("up")
+    retries = 0
+    for i in range(300):  # loss on: the same jitter, each failed attempt 0.5 s later
+        a, b = lossy.transmit(i * 10.0, 8000), clean.transmit(i * 10.0, 8000)
         assert a.arrival == pytest.approx(b.arrival + a.retries * 0.5, abs=1e-9)
+        retries += a.retries
+    assert retries > 50
 
 
 @pytest.mark.parametrize(

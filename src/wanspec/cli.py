@@ -103,7 +103,7 @@ def _link_options(f: Any) -> Any:
             type=float,
             default=0.0,
             show_default=True,
-            help="Per-message loss probability (resent after a timeout).",
+            help="Per-segment loss probability, each failed attempt costing one RTT.",
         ),
         click.option(
             "--link",
@@ -391,7 +391,7 @@ def _parsed(kind: str) -> Any:
 def wan_proxy_specs(link_preset: str | None, **given: Any) -> Any:
     """(up, down) `DirectionSpec`s: a `--link` preset (or an unlimited, zero-delay link) with
     every option the user gave on top. Keys: up_bw, down_bw (bits/s), rtt, jitter, rto (s), loss."""
-    from wanspec.net import DirectionSpec
+    from wanspec.link import DirectionSpec
 
     chosen: dict[str, Any] = {"up_bw": math.inf, "down_bw": math.inf, "rtt": 0.0}
     chosen.update(jitter=0.0, loss=0.0, rto=None)

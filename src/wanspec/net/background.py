@@ -11,9 +11,9 @@ from collections.abc import Coroutine, Iterator
 from types import TracebackType
 from typing import Any, TypeVar
 
+from wanspec.link import DirectionSpec
 from wanspec.net.proxy import WanProxy
 from wanspec.net.server import CloudServer
-from wanspec.net.shaping import DirectionSpec
 
 T = TypeVar("T")
 

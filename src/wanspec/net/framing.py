@@ -21,7 +21,7 @@ import asyncio
 import weakref
 from dataclasses import dataclass, field
 
-from wanspec.net.segments import HEADER_BYTES, segments
+from wanspec.link import HEADER_BYTES, segments
 from wanspec.wire import DEFAULT_LIMITS, FrameDecoder, Limits, Message, decode, encode
 
 CHUNK = 64 << 10  # bytes asked of the socket per read

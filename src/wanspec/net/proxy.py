@@ -1,6 +1,7 @@
 """A transparent TCP proxy that emulates a WAN link: rate, delay, jitter and loss per direction.
 
-The kernel here has no `netem`, so delay and jitter are added in user space. Each accepted
+The kernel here has no `netem`, so delay and jitter are added in user space, timed by the one
+link model the simulator uses too (`wanspec.link`, stated there). Each accepted
 connection gets its own upstream connection and its own pair of `Shaper`s ("up" carries what the
 connecting client sends, i.e. edge→cloud when the edge connects; "down" the replies), so
 connections never share a bottleneck: each one sees the link as if it were alone on it, which is
@@ -23,9 +24,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from wanspec.net.segments import MSS
+from wanspec.link import MSS, DirectionSpec, Shaper
 from wanspec.net.service import TcpService
-from wanspec.net.shaping import DirectionSpec, Shaper
 
 _MAX_CHUNK = 16 << 10  # bytes read from a sender at once
 _CHUNK_S = 0.010  # link time one read aims to cover (keeps bytes from waiting on later ones)

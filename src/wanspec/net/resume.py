@@ -35,6 +35,7 @@ from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 
 from wanspec import wire
+from wanspec.link import HEADER_BYTES, segments
 from wanspec.net.framing import (
     ConnectionClosed,
     FrameReader,
@@ -42,7 +43,6 @@ from wanspec.net.framing import (
     TrafficCounter,
     write_message,
 )
-from wanspec.net.segments import HEADER_BYTES, segments
 from wanspec.protocols.base import ErrorCode
 
 Connector = Callable[[], Awaitable[MessageStream]]

@@ -1,24 +1,9 @@
-"""WAN link model for the simulator: per-direction bandwidth, propagation delay, jitter, loss.
+"""WAN links for the simulator: the public `wanspec.Link` and its per-direction `Channel`.
 
-A `Link` is an immutable description (it is also the public `wanspec.Link`); the simulator asks it
-for one `Channel` per direction, which holds the mutable state (FIFO queue, seeded random stream).
-
-Model of one message of `bits` sent at time t in one direction:
-
-- serialisation: the sender's queue is FIFO, so it starts at `max(t, end of the previous
-  message's serialisation)` and lasts `bits / bandwidth` seconds;
-- propagation: `rtt/2 + |N(0, jitter)|` (half-normal jitter: never negative, mean
-  `jitter·√(2/π)`);
-- loss: each attempt is lost independently with probability `loss`; a lost attempt is noticed by a
-  timeout of `retransmit_s` (default one RTT) after it was serialised, and the resend is serialised
-  again (charged to this message only, i.e. resends are assumed to use spare capacity);
-- ordering: delivery is in order (a reliable byte stream, like TCP): a message never arrives
-  before its predecessor, so jitter and losses cannot reorder, and a late message holds back the
-  ones behind it (head-of-line blocking).
-
-Every message draws exactly one uniform (loss) and one normal (jitter) from the direction's own
-stream, seeded by `(seed, direction)`, so runs are reproducible and two links that differ only in
-`loss` or `jitter_s` see the same random numbers.
+A `Link` is an immutable description; the simulator asks it for one `Channel` per direction,
+which times each message (size = its exact bits) with the one link model the WAN proxy uses too,
+`wanspec.link`, whose docstring states it. A channel's jitter and loss streams are seeded by
+`(seed, direction)`.
 """
 
 from __future__ import annotations
@@ -28,6 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+
+from wanspec.link import DirectionSpec, Shaper
 
 Direction = Literal["up", "down"]
 _DIRECTION_INDEX: dict[str, int] = {"up": 0, "down": 1}
@@ -44,8 +31,9 @@ class Link:
 
     bandwidth_bps applies to both directions unless uplink_bps / downlink_bps override it;
     `math.inf` means no serialisation delay. rtt_s is the round-trip propagation delay (one way =
-    rtt/2). jitter_s is the scale of the half-normal extra one-way delay. loss is the per-message
-    loss probability, retransmit_s the timeout before a resend (default: one RTT).
+    rtt/2). jitter_s is the scale of the half-normal extra one-way delay. loss is the loss
+    probability of each attempt of each MSS-sized segment, retransmit_s the timeout each failed
+    attempt costs (default: one RTT). The model: `wanspec.link`.
     """
 
     bandwidth_bps: float
@@ -91,16 +79,23 @@ class Link:
 
     @property
     def timeout_s(self) -> float:
-        """Delay before a lost message is resent."""
+        """Delay each failed attempt of a segment costs."""
         return self.rtt_s if self.retransmit_s is None else self.retransmit_s
+
+    def spec(self, direction: Direction) -> DirectionSpec:
+        """One direction of this link in the shared model's terms (what the WAN proxy takes)."""
+        _check_direction(direction)
+        bps = self.up_bps if direction == "up" else self.down_bps
+        return DirectionSpec(bps, self.one_way_s, self.jitter_s, self.loss, self.retransmit_s)
 
     def channel(self, direction: Direction) -> Channel:
         """A fresh FIFO channel for one direction ("up" = edge→cloud, "down" = cloud→edge)."""
-        if direction not in _DIRECTION_INDEX:
-            raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
-        bps = self.up_bps if direction == "up" else self.down_bps
-        rng = np.random.default_rng([self.seed, _DIRECTION_INDEX[direction]])
-        return Channel(self, bps, rng)
+        return Channel(self, direction)
+
+
+def _check_direction(direction: str) -> None:
+    if direction not in _DIRECTION_INDEX:
+        raise ValueError(f"direction must be 'up' or 'down', got {direction!r}")
 
 
 def _positive(x: object) -> bool:
@@ -114,7 +109,7 @@ def _finite_nonneg(x: object) -> bool:
 @dataclass(frozen=True)
 class Transmission:
     """What happened to one message: queue wait ended at `start`, serialised by `sent`,
-    `retries` resends, delivered at `arrival`."""
+    delivered at `arrival`; `retries` is the failed attempts of its unluckiest segment."""
 
     start: float
     sent: float
@@ -123,38 +118,22 @@ class Transmission:
 
 
 class Channel:
-    """One direction of a link: FIFO serialisation, in-order delivery, seeded jitter and loss."""
+    """One direction of a link: the shared model (`wanspec.link.Shaper`) timing each message."""
 
-    def __init__(self, link: Link, bps: float, rng: np.random.Generator) -> None:
+    def __init__(self, link: Link, direction: Direction) -> None:
+        spec = link.spec(direction)
         self.link = link
-        self.bps = bps
-        self._rng = rng
-        self._busy_until = 0.0
-        self._last_arrival = 0.0
+        self.bps = spec.rate_bps
+        self._shaper = Shaper(spec, seed=[link.seed, _DIRECTION_INDEX[direction]])
 
     def transmit(self, t: float, bits: int) -> Transmission:
         """Send `bits` at virtual time t; returns when it is delivered."""
         if isinstance(bits, bool) or not isinstance(bits, int | np.integer) or bits < 0:
             raise ValueError(f"message size must be a non-negative int of bits, got {bits!r}")
-        u, z = self._rng.random(), self._rng.standard_normal()
-        serialise = bits / self.bps
-        start = max(t, self._busy_until)
-        sent = start + serialise
-        self._busy_until = sent
-        retries = _failures(u, self.link.loss)
-        resend = retries * (self.link.timeout_s + serialise)
-        propagation = self.link.one_way_s + abs(z) * self.link.jitter_s
-        arrival = max(sent + resend + propagation, self._last_arrival)
-        self._last_arrival = arrival
-        return Transmission(start=start, sent=sent, arrival=arrival, retries=retries)
-
-
-def _failures(u: float, loss: float) -> int:
-    """Number of lost attempts before the first success (geometric, P(K >= k) = loss^k),
-    by inversion of one uniform u in [0, 1)."""
-    if loss == 0.0:
-        return 0
-    return math.floor(math.log1p(-u) / math.log(loss))
+        slot = self._shaper.admit_bits(t, int(bits))
+        return Transmission(
+            start=slot.start, sent=slot.sent, arrival=slot.deliver, retries=slot.retries
+        )
 
 
 # Named WAN settings, each with the public figures it rests on. AceSpec: "AceSpec: An Asymmetric
