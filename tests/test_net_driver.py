@@ -28,6 +28,7 @@ from wanspec.protocols.base import (
     ErrorCode,
     Finish,
     MessageReceived,
+    ProtocolError,
     Send,
     Start,
 )
@@ -199,6 +200,33 @@ def test_a_peer_sending_without_waiting_for_answers_is_cut_off() -> None:
 
     error = run(scenario())
     assert error.code == ErrorCode.LIMIT and "more than 5 messages" in error.message
+
+
+@pytest.mark.parametrize("raiser", ["inspect", "machine"])
+def test_a_protocol_error_outside_a_machines_policy_reaches_the_peer_with_its_code(
+    raiser: str,
+) -> None:
+    """One raised by `inspect`, or let out of `handle` by a machine that keeps no error policy,
+    ends the run as the driver's own do: its Error frame, and its finish reason here."""
+    refusal = ProtocolError("temperature=-1 is refused here", ErrorCode.BAD_SETTINGS)
+
+    def refuse(event_or_msg: Any) -> list[Any]:
+        if isinstance(event_or_msg, Start):
+            return []
+        raise refusal  # at the peer's message
+
+    async def scenario() -> tuple[Any, str]:
+        machine = Scripted(refuse if raiser == "machine" else lambda event: [])
+        inspect = refuse if raiser == "inspect" else None
+        async with socket_pair() as ((cr, cw), (sr, sw)):
+            await write_message(cw, wire.StartRequest(0, "hi", {"temperature": -1}))
+            stream = MessageStream(sr, sw)
+            result = await drive(machine, stream, _job(0, []), inspect=inspect)
+            return await read_message(cr), result.finish_reason
+
+    error, reason = run(scenario())
+    assert error == wire.Error(int(ErrorCode.BAD_SETTINGS), "temperature=-1 is refused here")
+    assert reason == "error: temperature=-1 is refused here"
 
 
 def test_a_peer_that_never_reads_stalls_the_send_with_bounded_buffering() -> None:

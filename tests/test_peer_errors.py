@@ -4,8 +4,9 @@ The error policy (wanspec.protocols.base) turns what the peer got wrong into an 
 PROTOCOL, BAD_SETTINGS or LIMIT and a clear reason; INTERNAL is left for the server's own bugs.
 Each test brings a real machine to the state where the bad message arrives (through the wire
 codec, as a driver delivers it), then checks the code, the reason, and that nothing raised out
-of `handle`; the last tests go over real TCP, where a peer error must leave no traceback in the
-server's log.
+of `handle`; the last tests go over real TCP, where a peer error (a machine's, or one the driver
+enforces: a frame over the limit, a flood) must reach the peer as an `Error` with its code, be the
+session's outcome, and leave no traceback in the server's log.
 
 A bad draft queued behind one in verification is refused when it ARRIVES, with an error naming
 its round: the session ends there, so the verdict still being computed is cancelled, not sent.
@@ -476,13 +477,26 @@ def _tcp_cases(pair: wanspec.Pair) -> dict[str, tuple[list[Any], ErrorCode, str]
             ErrorCode.LIMIT,
             "exceed the target's context of 1024 tokens",
         ),
+        # what the driver enforces, in mid-session: a header announcing 16 MiB, refused before
+        # its payload; and drafts that need no answer (stale ones), sent past max_unanswered
+        "a frame over the limit": (
+            [hello("naive"), start, bytes([0xA0 | wire.WIRE_VERSION, 37, 0x80, 0x80, 0x80, 8])],
+            ErrorCode.LIMIT,
+            f"frame refused: frame of {(16 << 20) + 6} bytes exceeds the limit {LIMITS.max_frame}",
+        ),
+        "a flood of stale drafts": (
+            [hello("naive"), start, *(wire.Draft(i, 999, (), (5,), (30000,)) for i in range(70))],
+            ErrorCode.LIMIT,
+            f"more than {LIMITS.max_unanswered} messages without waiting for one",
+        ),
     }
 
 
 async def _error_for(address: tuple[str, int], messages: list[Any]) -> wire.Error | None:
+    """Send `messages` (raw bytes as they are), half-close, and return the Error answered."""
     reader, writer = await asyncio.open_connection(*address)
     try:
-        writer.write(b"".join(wire.encode(m) for m in messages))
+        writer.write(b"".join(m if isinstance(m, bytes) else wire.encode(m) for m in messages))
         writer.write_eof()
         while True:
             msg = await asyncio.wait_for(read_message(reader), 10.0)
@@ -496,7 +510,7 @@ async def _error_for(address: tuple[str, int], messages: list[Any]) -> wire.Erro
 
 @pytest.mark.parametrize(
     "case", ["split activations of the wrong width", "a queued draft without p(x)",
-             "a prompt past the context"]
+             "a prompt past the context", "a frame over the limit", "a flood of stale drafts"]
 )  # fmt: skip
 def test_over_tcp_a_peer_error_ends_with_its_code_and_no_traceback_in_the_log(
     pair: wanspec.Pair, server: CloudServer, caplog: pytest.LogCaptureFixture, case: str

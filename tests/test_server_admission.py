@@ -343,6 +343,9 @@ def test_a_session_over_the_kv_budget_is_refused_with_limit_before_any_model_wor
         Send(wire.Error(int(ErrorCode.LIMIT), f"{need // 512} tokens do not fit")),
         Finish(f"error: {need // 512} tokens do not fit"),
     ]
+    # the endpoint is done, and so is the method's machine inside it: nothing answers any more
+    assert machine.machine.done
+    assert machine.handle(MessageReceived(wire.Close("bye"))) == []
 
 
 def test_two_sessions_that_fit_the_kv_budget_only_one_at_a_time_wait_for_each_other(

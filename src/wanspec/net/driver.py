@@ -21,8 +21,9 @@ A machine's output for a seed depends only on the order of the events it handles
 machines give the same tokens here as in the simulator. The driver also enforces what a machine
 cannot see: malformed or oversized frames, a silent peer (`idle_timeout_s`, counted only while no
 computation is under way), the session's deadline, and a peer that sends message after message
-without waiting for an answer (`max_unanswered`). Each becomes an `Error` frame to the peer and
-a finish reason "error: …" here, like a machine's own protocol errors.
+without waiting for an answer (`max_unanswered`). Each is a `ProtocolError` with its code, as a
+machine's own are, and ends the run as one that escapes the machine does: with the peer told
+(`ProtocolError.to_wire()`) and the finish reason "error: …" here.
 
 Deadlines use `asyncio.timeout`, never `asyncio.wait_for`: on Python 3.11 `wait_for` can swallow
 a cancellation that races with its result, and a server's `stop()` would then wait forever for
@@ -117,8 +118,7 @@ class _Closed:
 
 @dataclass(frozen=True)
 class _Malformed:
-    code: ErrorCode
-    message: str
+    error: ProtocolError  # a frame the reader refused, raised in the loop when its turn comes
 
 
 @dataclass(frozen=True)
@@ -126,28 +126,20 @@ class _JobFailed:
     error: BaseException
 
 
-class Refusal(Exception):
-    """The peer broke a rule a driver or server enforces: tell it (`code`, message) and end."""
-
-    def __init__(self, code: ErrorCode, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-
-
 async def receive(stream: MessageStream, timeout_s: float | None = None) -> wire.Message:
-    """The next message. PeerGone when the connection ends; Refusal (with the code to send)
-    for a malformed or oversized frame, or none within `timeout_s`."""
+    """The next message. PeerGone when the connection ends; ProtocolError (with the code to
+    send) for a malformed or oversized frame, or none within `timeout_s`."""
     try:
         async with asyncio.timeout(timeout_s):
             return await stream.receive()
     except TimeoutError:
-        raise Refusal(ErrorCode.LIMIT, f"no message within {timeout_s:g} s") from None
+        raise ProtocolError(f"no message within {timeout_s:g} s", ErrorCode.LIMIT) from None
     except ConnectionClosed:
         raise PeerClosed("the peer closed the connection") from None
     except wire.FrameTooLarge as exc:
-        raise Refusal(ErrorCode.LIMIT, f"frame refused: {exc}") from None
+        raise ProtocolError(f"frame refused: {exc}", ErrorCode.LIMIT) from None
     except wire.WireError as exc:
-        raise Refusal(ErrorCode.PROTOCOL, f"malformed frame: {exc}") from None
+        raise ProtocolError(f"malformed frame: {exc}", ErrorCode.PROTOCOL) from None
     except OSError as exc:  # resets, TLS failures
         raise PeerGone(f"connection lost: {exc}") from None
 
@@ -213,8 +205,8 @@ class _Run:
                 await self.events.put(MessageReceived(msg, self.now()))
         except PeerGone as gone:
             await self.events.put(_Closed(str(gone), clean=isinstance(gone, PeerClosed)))
-        except Refusal as bad:
-            await self.events.put(_Malformed(bad.code, str(bad)))
+        except ProtocolError as bad:
+            await self.events.put(_Malformed(bad))
 
     async def work(self) -> None:
         """Run queued jobs one at a time, in order; hand each result back as an event."""
@@ -253,7 +245,7 @@ class _Run:
                 raise PeerGone(event.reason)
             self.closed = event.reason
         if isinstance(event, _Malformed):
-            raise Refusal(event.code, event.message)
+            raise event.error
         if isinstance(event, _JobFailed):
             raise event.error
         return event
@@ -270,11 +262,11 @@ class _Run:
                 return await self.events.get()
         except TimeoutError:
             if limits.deadline_s is not None and self.now() >= limits.deadline_s:
-                raise Refusal(
-                    ErrorCode.LIMIT, f"the session ran past its {limits.deadline_s:g} s deadline"
+                raise ProtocolError(
+                    f"the session ran past its {limits.deadline_s:g} s deadline", ErrorCode.LIMIT
                 ) from None
-            raise Refusal(
-                ErrorCode.LIMIT, f"no message from the peer for {limits.idle_timeout_s:g} s"
+            raise ProtocolError(
+                f"no message from the peer for {limits.idle_timeout_s:g} s", ErrorCode.LIMIT
             ) from None
 
     async def handle(self, event: Event) -> None:
@@ -290,18 +282,18 @@ class _Run:
             await self.apply(action)
 
     def check_message(self, msg: wire.Message) -> None:
+        """The driver's rules on a peer message, and `inspect`'s: a ProtocolError refuses it."""
         if isinstance(msg, wire.Error):
             self.peer_error = msg
             return
         self.unanswered += 1
         cap = self.limits.max_unanswered
         if cap is not None and self.unanswered > cap:
-            raise Refusal(ErrorCode.LIMIT, f"more than {cap} messages without waiting for one")
+            raise ProtocolError(
+                f"more than {cap} messages without waiting for one", ErrorCode.LIMIT
+            )
         if self.inspect is not None:
-            try:
-                self.inspect(msg)
-            except ProtocolError as exc:
-                raise Refusal(exc.code, str(exc)) from None
+            self.inspect(msg)
 
     async def apply(self, action: Action) -> None:
         if isinstance(action, Send):
@@ -334,11 +326,11 @@ class _Run:
             raise PeerGone(f"connection lost while sending: {exc}") from None
         _tally(self.sent_by_type, msg, size)
 
-    async def refuse(self, refusal: Refusal) -> None:
+    async def refuse(self, error: ProtocolError) -> None:
         """Tell the peer why the session ends; if it cannot be told, it is gone anyway."""
-        self.finish = f"error: {refusal}"
+        self.finish = f"error: {error}"
         with contextlib.suppress(SessionAborted):
-            await self.send(wire.Error(int(refusal.code), str(refusal)))
+            await self.send(error.to_wire())
 
     def result(self) -> DriveResult:
         assert self.finish is not None
@@ -374,9 +366,11 @@ async def drive(
     `first`: messages the caller already read from the stream, handed over before any other.
     `inspect(msg)` may refuse a peer message by raising `ProtocolError(message, code)`.
 
-    Returns when the machine finishes (also after an `Error` either way; the finish reason says
-    so). Raises `PeerGone` or `SendStalled` when the connection fails first; anything raised by
-    `machine.handle` or a job is a local bug and propagates. The stream is left open.
+    Returns when the machine finishes, or when a `ProtocolError` (the driver's, `inspect`'s or
+    one the machine let out) ends the run with its `Error` frame sent; either way the finish
+    reason says so. Raises `PeerGone` or `SendStalled` when the connection fails first; anything
+    else raised by `machine.handle` or a job is a local bug and propagates. The stream is left
+    open.
     """
     run = _Run(machine, stream, run_job, executor, limits, inspect, on_emit)
     helpers = [asyncio.create_task(run.read_frames()), asyncio.create_task(run.work())]
@@ -388,8 +382,8 @@ async def drive(
                 await run.handle(MessageReceived(msg, run.now()))
         while run.finish is None:
             await run.handle(await run.next_event())
-    except Refusal as refusal:
-        await run.refuse(refusal)
+    except ProtocolError as error:
+        await run.refuse(error)
     finally:
         for task in helpers:
             task.cancel()

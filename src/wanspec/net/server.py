@@ -24,10 +24,10 @@ share is reserved until the session ends (a held one included). Deadlines: the
 handshake must arrive within `handshake_timeout_s`, an edge may stay silent `idle_timeout_s`
 while nothing computes for it, a session lasts at most `request_timeout_s`, and one frame's write
 waits at most `write_timeout_s` for a peer that does not read (the transport then holds at most
-`write_buffer_bytes` plus one frame). Every violation ends that session with an `Error` frame
-saying why. A session that fails inside gets `Error(INTERNAL)`; the server and the other sessions
-go on. `stop()` (SIGINT/SIGTERM under `wanspec serve`) ends every open session with
-`Error(SHUTDOWN)`.
+`write_buffer_bytes` plus one frame). Every violation is a `ProtocolError` with its code and
+ends that session with the `Error` frame `ProtocolError.to_wire()` builds. A session that fails
+inside gets `Error(INTERNAL)`; the server and the other sessions go on. `stop()` (SIGINT/SIGTERM
+under `wanspec serve`) ends every open session with `Error(SHUTDOWN)`.
 """
 
 from __future__ import annotations
@@ -53,7 +53,6 @@ from wanspec.net.driver import (
     DriveResult,
     DriverLimits,
     PeerGone,
-    Refusal,
     SendStalled,
     drive,
     receive,
@@ -304,16 +303,16 @@ class CloudServer(TcpService):
                 return
             live = self._admitted - self.held
             if live >= self.limits.max_sessions:
-                raise Refusal(
-                    ErrorCode.BUSY,
+                raise ProtocolError(
                     f"the server is busy ({live} sessions, its limit); try again later",
+                    ErrorCode.BUSY,
                 )
             self._admitted += 1
             admitted = True
             record.finished_with(await self._session(record, stream, head))
-        except Refusal as refusal:
+        except ProtocolError as refusal:
             record.outcome = clip(f"refused: {refusal}", OUTCOME_CHARS)
-            await self._tell(stream, refusal.code, str(refusal))
+            await self._tell(stream, refusal)
             await self._linger(stream)
         except PeerGone as gone:
             record.outcome = clip(f"edge gone: {gone}", OUTCOME_CHARS)
@@ -324,11 +323,14 @@ class CloudServer(TcpService):
             if not self._stopping:
                 raise
             record.outcome = "shutdown"
-            await self._tell(stream, ErrorCode.SHUTDOWN, "the server is shutting down")
+            await self._tell(
+                stream, ProtocolError("the server is shutting down", ErrorCode.SHUTDOWN)
+            )
         except Exception as exc:
             log.exception("session %d failed", record.id)
             record.outcome = clip(f"internal error: {type(exc).__name__}: {exc}", OUTCOME_CHARS)
-            await self._tell(stream, ErrorCode.INTERNAL, f"internal error: {type(exc).__name__}")
+            internal = ProtocolError(f"internal error: {type(exc).__name__}", ErrorCode.INTERNAL)
+            await self._tell(stream, internal)
         finally:
             self._admitted -= admitted
             record.duration_s = loop.time() - began
@@ -356,23 +358,23 @@ class CloudServer(TcpService):
                 return first
         except TimeoutError:
             if pending.dropped:
-                raise Refusal(
-                    ErrorCode.BUSY,
+                raise ProtocolError(
                     "too many connections are shaking hands with this server; try again later",
+                    ErrorCode.BUSY,
                 ) from None
-            raise Refusal(ErrorCode.LIMIT, f"no handshake within {timeout:g} s") from None
+            raise ProtocolError(f"no handshake within {timeout:g} s", ErrorCode.LIMIT) from None
         finally:
             self._pending.pop(pending.key, None)
 
     def _check_token(self, first: wire.Message) -> None:
         assert self.token is not None
         if not isinstance(first, wire.Auth):
-            raise Refusal(
-                ErrorCode.UNAUTHORIZED,
+            raise ProtocolError(
                 "this server requires a bearer token (wanspec generate --token, $WANSPEC_TOKEN)",
+                ErrorCode.UNAUTHORIZED,
             )
         if not hmac.compare_digest(first.token.encode(), self.token.encode()):
-            raise Refusal(ErrorCode.UNAUTHORIZED, "wrong bearer token")
+            raise ProtocolError("wrong bearer token", ErrorCode.UNAUTHORIZED)
 
     def _pend(self, key: int, host: str) -> PendingHandshake:
         """Count a new connection among the pending handshakes. Past `max_pending_per_peer`
@@ -386,9 +388,9 @@ class CloudServer(TcpService):
             self._drop_oldest(mine, now)
         crowded = len(self._pending) >= limits.max_pending_handshakes
         if crowded and not self._drop_oldest(self._pending.values(), now):
-            raise Refusal(
-                ErrorCode.BUSY,
+            raise ProtocolError(
                 "too many connections are shaking hands with this server; try again later",
+                ErrorCode.BUSY,
             )
         pending = PendingHandshake(key, host, now)
         self._pending[key] = pending
@@ -413,9 +415,9 @@ class CloudServer(TcpService):
             await self._linger(stream)
             return result
         if head.received:
-            raise Refusal(
-                ErrorCode.LIMIT,
+            raise ProtocolError(
                 f"no session {head.session[:12]} here (its grace period passed, or it ended)",
+                ErrorCode.LIMIT,
             )
         channel = CloudStream(
             stream,
@@ -467,7 +469,7 @@ class CloudServer(TcpService):
         try:
             await channel.attach(channel.wrap(stream.reader, stream.writer), resume.received)
         except SessionLost as lost:
-            raise Refusal(ErrorCode.LIMIT, str(lost)) from None
+            raise ProtocolError(str(lost), ErrorCode.LIMIT) from None
         await channel.released()
         record.outcome = f"resumed: at {resume.committed} committed tokens"
 
@@ -537,11 +539,11 @@ class CloudServer(TcpService):
                     f"max_new_tokens={asked} is over this server's limit {cap}", ErrorCode.LIMIT
                 )
 
-    async def _tell(self, stream: MessageStream, code: ErrorCode, message: str) -> None:
-        """Send an Error frame if the edge can still take one (at most a second's wait)."""
+    async def _tell(self, stream: MessageStream, error: ProtocolError) -> None:
+        """Send `error`'s Error frame if the edge can still take one (at most a second's wait)."""
         with contextlib.suppress(OSError, TimeoutError, wire.WireError):
             async with asyncio.timeout(1.0):
-                await stream.send(wire.Error(int(code), message))
+                await stream.send(error.to_wire())
 
     async def _linger(self, stream: MessageStream) -> None:
         """Half-close, then read what the edge still sends (a Close, a draft in flight) until it

@@ -7,12 +7,14 @@ machine's own model session and hands the result back as `ComputeDone(id, result
 and every state change happen inside `handle()`, so a machine's output for a seed does not depend
 on the driver's timing or threads.
 
-Error policy (one for every machine): whatever the PEER got wrong (a message it should not have
-sent in this state, a malformed reply, a request past a limit) becomes a `ProtocolError`, at
-whichever event it comes to light, which `handle()` turns into an `Error` message to the peer and
-a `Finish("error: …")` here; an `Error` from the peer finishes this side too. Anything else that
-goes wrong is a local bug and raises out of `handle()`. A message is checked when it arrives, so
-a peer's mistake is found (and blamed) before any model work is spent on it.
+Error policy (one for every machine and driver): whatever the PEER got wrong (a message it
+should not have sent in this state, a malformed reply, a request past a limit, and what drivers
+and servers enforce: frame limits, timeouts, floods, admission) becomes a `ProtocolError` with its
+`ErrorCode`, at whichever event it comes to light; `handle()` (or the driver, for its own) turns it
+into the `Error` message `ProtocolError.to_wire()` builds and a `Finish("error: …")` here; an
+`Error` from the peer finishes this side too. Anything else that goes wrong is a local bug and
+raises out of `handle()`. A message is checked when it arrives, so a peer's mistake is found (and
+blamed) before any model work is spent on it.
 """
 
 from __future__ import annotations
@@ -46,11 +48,17 @@ class ErrorCode(enum.IntEnum):
 
 
 class ProtocolError(RuntimeError):
-    """The peer sent something this machine cannot accept in its current state."""
+    """Why this side ends a session, to be told to the peer: mostly what the peer got wrong (a
+    message a machine cannot accept, a rule a driver or server enforces), also a server's own
+    BUSY, SHUTDOWN or INTERNAL. Whoever raises it, the peer gets `to_wire()`."""
 
     def __init__(self, message: str, code: ErrorCode = ErrorCode.PROTOCOL) -> None:
         super().__init__(message)
         self.code = code
+
+    def to_wire(self) -> wire.Error:
+        """The `Error` message that tells the peer: the one place such a message is built."""
+        return wire.Error(int(self.code), str(self))
 
 
 ECHO_CHARS = 80  # the most of a peer-chosen value an error message shows
@@ -198,7 +206,7 @@ class Machine:
 
     def fail(self, exc: ProtocolError) -> list[Action]:
         """The peer broke the protocol: tell it why and end this side."""
-        return [Send(wire.Error(int(exc.code), str(exc))), *self.finish(f"error: {exc}")]
+        return [Send(exc.to_wire()), *self.finish(f"error: {exc}")]
 
     @property
     def done(self) -> bool:

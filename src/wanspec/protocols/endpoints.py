@@ -227,6 +227,11 @@ class CloudEndpoint(Machine):
         self.inner: Machine | None = None
 
     def handle(self, event: Any) -> list[Action]:
+        """The handshake's events here, every later one the inner machine's, which keeps the
+        error policy itself; once this endpoint is done (even failed from outside, by
+        `fail`), neither answers."""
+        if self.done:
+            return []
         inner = self.inner
         actions = super().handle(event) if inner is None else inner.handle(event)
         if self.inner is not None:
