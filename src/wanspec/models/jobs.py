@@ -23,8 +23,7 @@ from wanspec.jobs import (
     TreeForward,
 )
 from wanspec.models.batch_policy import prefill_pieces
-from wanspec.models.batched import batched_extend, can_batch
-from wanspec.models.lm import LanguageModel
+from wanspec.models.lm import HFLanguageModel, LanguageModel
 
 
 def split_forward(job: Forward, size: int) -> list[Forward]:
@@ -67,13 +66,13 @@ def run_jobs_batched(work: Sequence[tuple[LanguageModel, Job]]) -> list[Any]:
     as possible; the results in the order given.
 
     The `Forward` jobs of distinct transformers sessions of one model run as ONE forward pass
-    (`wanspec.models.batched`); any other job, or a batch of one, runs alone through `run_job`.
-    The caller gives at most one job per session (a session's jobs must run in order). Bad input
-    (a `keep` beyond the cache, an id out of range) raises before any model work; if the batched
-    pass itself fails, every session is back where it was and the error propagates.
+    (`HFLanguageModel.extend_batch`); any other job, or a batch of one, runs alone through
+    `run_job`. The caller gives at most one job per session (a session's jobs must run in order).
+    Bad input (a `keep` beyond the cache, an id out of range) raises before any model work; if the
+    batched pass itself fails, every session is back where it was and the error propagates.
     """
     batch = [i for i, (_, job) in enumerate(work) if isinstance(job, Forward) and job.tokens]
-    if len(batch) < 2 or not can_batch([work[i][0] for i in batch]):
+    if len(batch) < 2 or not HFLanguageModel.can_batch([work[i][0] for i in batch]):
         return [run_job(session, job) for session, job in work]
     results: list[Any] = [None] * len(work)
     for i, (session, job) in enumerate(work):
@@ -81,9 +80,9 @@ def run_jobs_batched(work: Sequence[tuple[LanguageModel, Job]]) -> list[Any]:
             results[i] = run_job(session, job)
     forwards: list[tuple[LanguageModel, Forward]] = [work[i] for i in batch]  # type: ignore[misc]
     for session, job in forwards:
-        session._check_tokens(job.tokens, "tokens")
+        session.check_tokens(job.tokens, "tokens")
         _roll_back(session, job.keep)
-    logits = batched_extend(
+    logits = HFLanguageModel.extend_batch(
         [s for s, _ in forwards], [job.tokens for _, job in forwards], [j.rows for _, j in forwards]
     )
     for i, rows in zip(batch, logits, strict=True):

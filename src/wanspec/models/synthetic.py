@@ -161,7 +161,7 @@ class SyntheticLM(LanguageModel):
         return torch.from_numpy(out.astype(np.float32))
 
     def extend(self, ids: Sequence[int], rows: int | None = None) -> torch.Tensor:
-        ids = self._check_tokens(ids, "ids")
+        ids = self.check_tokens(ids, "ids")
         rows = self._check_rows(rows, len(ids))
         if self.pending_tree_size:
             raise RuntimeError(
@@ -179,7 +179,7 @@ class SyntheticLM(LanguageModel):
         self._tree = _Tree()
 
     def tree_forward(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
-        tokens = self._check_tokens(tokens, "tokens")
+        tokens = self.check_tokens(tokens, "tokens")
         parents = _as_ids(parents, "parents")
         if len(tokens) != len(parents):
             raise ValueError(f"{len(tokens)} tokens but {len(parents)} parents")
