@@ -261,10 +261,12 @@ def _costs(
 
 def _real_costs(spec: dict[str, Any], ar: dict[str, Any]) -> RoundCosts:
     """From the edge's own job timings and the server's session records."""
+    from wanspec.protocols.base import Purpose
+
     cloud, ar_cloud = spec["cloud"].compute_s, ar["cloud"].compute_s
     return _costs(
-        spec["real"]["edge_compute_s"].get("draft", 0.0),
-        cloud.get("verify", 0.0),
+        spec["real"]["edge_compute_s"].get(Purpose.DRAFT, 0.0),
+        cloud.get(Purpose.VERIFY, 0.0),
         sum(ar_cloud.values()),
         spec["cloud"].rounds,
         spec["real"]["new_tokens"],
@@ -274,10 +276,12 @@ def _real_costs(spec: dict[str, Any], ar: dict[str, Any]) -> RoundCosts:
 
 def _projected_costs(spec: dict[str, Any], ar: dict[str, Any]) -> RoundCosts:
     """From the simulator's priced jobs."""
+    from wanspec.protocols.base import Purpose
+
     tags, ar_tags = spec["projected_sim"].compute_by_tag, ar["projected_sim"].compute_by_tag
     return _costs(
-        tags["edge"].get("draft", 0.0),
-        tags["cloud"].get("verify", 0.0),
+        tags["edge"].get(Purpose.DRAFT, 0.0),
+        tags["cloud"].get(Purpose.VERIFY, 0.0),
         sum(ar_tags["cloud"].values()),
         spec["projected"]["rounds"],
         spec["projected"]["new_tokens"],

@@ -97,8 +97,8 @@ class DriveResult:
     duration_s: float
     emits: list[tuple[float, tuple[int, ...]]]
     peer_error: wire.Error | None  # the Error frame the peer sent, if it sent one
-    compute_s: dict[str, float]  # wall seconds of this side's jobs, by label
-    computes: dict[str, int]  # jobs run, by label
+    compute_s: dict[str, float]  # wall seconds of this side's jobs, by `Purpose` (the label)
+    computes: dict[str, int]  # jobs run, by `Purpose`
     handle_cpu_s: float  # CPU seconds inside machine.handle: this side's protocol work
     events: int
     sent_by_type: dict[str, tuple[int, int]] = field(default_factory=dict)  # messages, bits

@@ -61,7 +61,7 @@ from wanspec.net.framing import MessageStream, write_message
 from wanspec.net.metrics import ServerMetrics, method_label
 from wanspec.net.resume import CloudStream, SessionLost
 from wanspec.net.service import TcpService
-from wanspec.protocols.base import Action, ErrorCode, Event, ProtocolError, clip
+from wanspec.protocols.base import Action, ErrorCode, Event, ProtocolError, Purpose, clip
 from wanspec.protocols.endpoints import CloudEndpoint, TargetInfo
 from wanspec.protocols.registry import make_cloud, target_info
 from wanspec.protocols.settings import GenerationSettings
@@ -109,7 +109,7 @@ class SessionRecord:
     duration_s: float = 0.0
     rounds: int = 0  # verification passes
     forward_s: float = 0.0  # wall seconds of this session's model jobs
-    compute_s: dict[str, float] = field(default_factory=dict)  # the same by label (verify, …)
+    compute_s: dict[str, float] = field(default_factory=dict)  # the same by `Purpose`
     handle_cpu_s: float = 0.0  # CPU seconds in the protocol machine (sampling, verification)
     loop_cpu_s: float = 0.0  # CPU seconds of the event-loop thread (exact with one session)
     up_bytes: int = 0
@@ -119,7 +119,7 @@ class SessionRecord:
 
     def finished_with(self, result: DriveResult) -> None:
         self.outcome = clip(result.finish_reason, OUTCOME_CHARS)
-        self.rounds = result.computes.get("verify", 0)
+        self.rounds = result.computes.get(Purpose.VERIFY, 0)
         self.forward_s = sum(result.compute_s.values())
         self.compute_s = dict(result.compute_s)
         self.handle_cpu_s = result.handle_cpu_s

@@ -117,6 +117,21 @@ class Send:
     msg: Any
 
 
+class Purpose(enum.StrEnum):
+    """What a machine computes a job for: `on_compute` is routed by it, and drivers, stats and
+    metrics tally jobs by it. A `StrEnum`, so a tally keyed by it is keyed by these exact strings
+    (JSON, metric labels and stored results read the same), and a misspelt purpose is an
+    AttributeError rather than a job no branch handles."""
+
+    DRAFT = "draft"  # the edge drafts one token of its chain
+    EMBED = "embed"  # split inference: the edge embeds tokens for the cloud
+    FORWARD = "forward"  # the cloud's next target row (AR, split)
+    KEEP = "keep"  # a pipeline keeps the drafted tree's path that the verdict took
+    PREFILL = "prefill"  # the cloud reads the prompt before the first draft
+    TREE = "tree"  # a pipeline drafts ahead: one pass over every branch tip
+    VERIFY = "verify"  # the cloud scores a draft chain in one pass
+
+
 @dataclass(frozen=True)
 class Compute:
     """Run `job` on this side's model session; answer with `ComputeDone(job_id, result)`.
@@ -125,7 +140,7 @@ class Compute:
 
     job_id: int
     job: Job
-    label: str = ""  # what the machine computes it for ("draft", "verify"…), for accounting
+    label: str = ""  # what it is computed for (a machine's `Purpose`): what drivers tally by
 
     @property
     def cost(self) -> ComputeCost:
@@ -168,7 +183,9 @@ class Machine:
     accepts (as h11 keeps it), job ids, counters and the one error policy.
 
     Subclasses set `State` (an enum with a `DONE` member), `EXPECTS` (state -> message types
-    accepted then) and implement `on_start`, `on_message` and `on_compute(purpose, result)`.
+    accepted then) and implement `on_start`, `on_message` and `on_compute(purpose, result)`,
+    which branches on the `Purpose` the job was asked for with. A phase that changes which kinds
+    of message the machine accepts is a state, so the table alone decides a kind is in place.
     """
 
     side: ClassVar[Side]
@@ -180,14 +197,14 @@ class Machine:
         # the most tokens this side's model session will hold, once its request is admitted
         # (a cloud machine; None before): what a server budgets its memory by
         self.cache_tokens: int | None = None
-        self._jobs: dict[int, str] = {}
+        self._jobs: dict[int, Purpose] = {}
         self._next_job = 0
 
     # ---- helpers for subclasses
     def count(self, name: str, k: int = 1) -> None:
         self.counters[name] = self.counters.get(name, 0) + k
 
-    def compute(self, purpose: str, job: Job) -> Compute:
+    def compute(self, purpose: Purpose, job: Job) -> Compute:
         """A `Compute` action for `job`; its result comes back to `on_compute(purpose, …)`."""
         job_id = self._next_job
         self._next_job += 1
@@ -249,5 +266,5 @@ class Machine:
     def on_message(self, msg: Any) -> list[Action]:
         raise NotImplementedError
 
-    def on_compute(self, purpose: str, result: Any) -> list[Action]:
+    def on_compute(self, purpose: Purpose, result: Any) -> list[Action]:
         raise NotImplementedError

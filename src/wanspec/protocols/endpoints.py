@@ -13,7 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from wanspec import wire
 from wanspec.protocols.base import (
@@ -105,9 +105,14 @@ class TargetInfo:
 
 class EdgeMachine(Machine):
     """Base of every edge machine: opens the session, checks the cloud's answer, emits tokens
-    through the request's stop rules, and closes the session when the output is complete."""
+    through the request's stop rules, and closes the session when the output is complete.
+
+    The edge works (drafts, embeds, uploads) without waiting for the cloud's `HelloAck`, so each
+    state it can reach before the ack has a twin that accepts the ack and nothing else: `OPENING`
+    maps a state to its twin, and the ack moves the edge from the twin to the state itself."""
 
     side = "edge"
+    OPENING: ClassVar[dict[Any, Any]] = {}
 
     def __init__(
         self,
@@ -144,12 +149,10 @@ class EdgeMachine(Machine):
         text = self.prompt if prompt is None else prompt
         return [Send(hello), Send(wire.StartRequest(0, text, self.settings.to_dict()))]
 
-    def expect(self, msg: Any) -> None:
-        if self.stopper is None:
-            if not isinstance(msg, wire.HelloAck):
-                raise ProtocolError(f"expected HelloAck first, got {type(msg).__name__}")
-            return
-        super().expect(msg)
+    def enter(self, state: Any) -> None:
+        """Go to `state`, or to its twin while the cloud's HelloAck is not yet in."""
+        opening = self.state in self.OPENING.values()
+        self.state = self.OPENING[state] if opening else state
 
     def on_message(self, msg: Any) -> list[Action]:
         if isinstance(msg, wire.HelloAck):
@@ -180,6 +183,8 @@ class EdgeMachine(Machine):
             tokenizer=self.target_tokenizer,
             context=self.stop_context,
         )
+        opened = {twin: state for state, twin in self.OPENING.items()}
+        self.state = opened[self.state]
         return []
 
     def on_reply(self, msg: Any) -> list[Action]:
@@ -232,9 +237,13 @@ class CloudEndpoint(Machine):
         `fail`), neither answers."""
         if self.done:
             return []
-        inner = self.inner
-        actions = super().handle(event) if inner is None else inner.handle(event)
-        if self.inner is not None:
+        if self.state != CloudState.SERVING:
+            actions = super().handle(event)  # the handshake; the request makes it SERVING
+        else:
+            assert self.inner is not None
+            actions = self.inner.handle(event)
+        if self.state == CloudState.SERVING:
+            assert self.inner is not None
             self.cache_tokens = self.inner.cache_tokens  # known once the request is admitted
             if self.inner.done:  # it may have ended as it started
                 self.state = CloudState.DONE

@@ -30,7 +30,14 @@ import numpy as np
 
 from wanspec import wire
 from wanspec.jobs import KeepTreePath, TreeForward
-from wanspec.protocols.base import Action, ComputeDone, Event, MessageReceived, ProtocolError
+from wanspec.protocols.base import (
+    Action,
+    ComputeDone,
+    Event,
+    MessageReceived,
+    ProtocolError,
+    Purpose,
+)
 from wanspec.protocols.budget import BranchPlanner, ranked_capture
 from wanspec.protocols.schemes import dist_probs
 from wanspec.protocols.speculative import EdgeState, Round, SpecEdge
@@ -89,13 +96,18 @@ class Speculation:
 
 
 class PipelineEdge(SpecEdge):
-    """The edge of `picospec`, `acespec` and `acespec-x` (see the module docstring)."""
+    """The edge of `picospec`, `acespec` and `acespec-x` (see the module docstring).
+
+    STALLED: a verdict hit a branch whose passes are not all drafted; the edge waits for its own
+    tree passes (the cloud has nothing in flight for it), then goes on with `pending_key`."""
+
+    EXPECTS = {**SpecEdge.EXPECTS, EdgeState.STALLED: ()}  # noqa: RUF012
 
     def __init__(self, *, planner: BranchPlanner | None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.planner = planner
         self.spec: Speculation | None = None
-        self.pending_key: tuple[int, int | None] | None = None
+        self.pending_key: tuple[int, int | None] | None = None  # what STALLED goes on with
         self.sent_at: float | None = None
         self.now: float | None = None
         self.alternatives: list[list[int]] = []  # per chain depth: candidate target ids, best first
@@ -165,22 +177,27 @@ class PipelineEdge(SpecEdge):
         spec.nodes += len(tokens)
         self.count("tree_nodes", len(tokens))
         context = self.cache.tokens
-        return self.compute("tree", TreeForward(tuple(tokens), tuple(parents), len(context)))
+        return self.compute(Purpose.TREE, TreeForward(tuple(tokens), tuple(parents), len(context)))
 
-    def on_compute(self, purpose: str, result: Any) -> list[Action]:
-        if purpose == "draft":
+    def on_compute(self, purpose: Purpose, result: Any) -> list[Action]:
+        if purpose == Purpose.DRAFT:
             return super().on_compute(purpose, result)
-        if purpose == "keep":
+        if purpose == Purpose.KEEP:
             return []
+        return self._tree_done(result)
+
+    def _tree_done(self, rows: Any) -> list[Action]:
+        """One tree pass is back: extend every branch, then draft on, or end a stall."""
         spec = self.spec
         assert spec is not None
-        for branch, row in zip(spec.branches, result, strict=True):
+        for branch, row in zip(spec.branches, rows, strict=True):
             self._extend_branch(spec, branch, row)
         spec.passes_done += 1
         if spec.passes_done < spec.passes_planned:
             return [self._tree_pass()]
-        if self.pending_key is not None:
+        if self.state == EdgeState.STALLED:
             key, self.pending_key = self.pending_key, None
+            assert key is not None
             return self._continue(key)
         return []
 
@@ -263,6 +280,7 @@ class PipelineEdge(SpecEdge):
         branch = None if spec is None else spec.find(*key)
         if branch is not None and spec.passes_done < spec.passes_planned:
             self.pending_key = key  # a hit whose branch is still being drafted: wait for it
+            self.state = EdgeState.STALLED
             self.count("pipeline_stalls")
             return []
         if branch is not None and self._fits(branch):
@@ -287,7 +305,7 @@ class PipelineEdge(SpecEdge):
         self.count("cache_hits")
         self.count("wasted_tree_nodes", spec.nodes - len(branch.nodes))
         gamma = self.settings.gamma
-        keep = self.compute("keep", KeepTreePath(tuple(branch.nodes[:gamma])))
+        keep = self.compute(Purpose.KEEP, KeepTreePath(tuple(branch.nodes[:gamma])))
         self.cache.assume([*self.draft_ctx, *branch.draft_ids[: gamma - 1]])
         self.round_ctx = list(self.draft_ctx)
         rnd = self._open_round()

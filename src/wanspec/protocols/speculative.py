@@ -21,7 +21,15 @@ from typing import Any
 import numpy as np
 
 from wanspec import wire
-from wanspec.protocols.base import Action, ErrorCode, Machine, ProtocolError, Send, request_rng
+from wanspec.protocols.base import (
+    Action,
+    ErrorCode,
+    Machine,
+    ProtocolError,
+    Purpose,
+    Send,
+    request_rng,
+)
 from wanspec.protocols.cache import CacheMirror
 from wanspec.protocols.endpoints import EdgeMachine, TargetInfo
 from wanspec.protocols.schemes import Scheme
@@ -73,9 +81,12 @@ class Rejection:
 
 
 class EdgeState(enum.Enum):
+    OPENING_DRAFTING = enum.auto()  # DRAFTING, the cloud's HelloAck not yet in
+    OPENING_WAITING = enum.auto()  # WAITING, the cloud's HelloAck not yet in
     DRAFTING = enum.auto()
     WAITING = enum.auto()  # the draft is up, the verdict not yet back
     RESOLVING = enum.auto()  # a rejection is being resolved with follow-up requests
+    STALLED = enum.auto()  # (pipelines) the verdict's branch of the tree is still being drafted
     DONE = enum.auto()
 
 
@@ -83,8 +94,14 @@ class SpecEdge(EdgeMachine):
     """Drafts, uploads, resolves rejections per scheme, emits finalised tokens."""
 
     EXPECTS = {  # noqa: RUF012
+        EdgeState.OPENING_DRAFTING: (wire.HelloAck,),
+        EdgeState.OPENING_WAITING: (wire.HelloAck,),
         EdgeState.WAITING: (wire.VerifyResult,),
         EdgeState.RESOLVING: (wire.VerifyResult, wire.Candidates, wire.OToken),
+    }
+    OPENING = {  # noqa: RUF012
+        EdgeState.DRAFTING: EdgeState.OPENING_DRAFTING,
+        EdgeState.WAITING: EdgeState.OPENING_WAITING,
     }
 
     def __init__(
@@ -95,7 +112,7 @@ class SpecEdge(EdgeMachine):
         prompt_draft_ids: list[int],
         **kwargs: Any,
     ) -> None:
-        super().__init__(EdgeState.DRAFTING, **kwargs)
+        super().__init__(EdgeState.OPENING_DRAFTING, **kwargs)
         self.scheme, self.alignment = scheme, alignment
         self.rng = request_rng(self.settings.seed, "edge")
         # The draft may propose from any law it reports exactly; it leaves the repetition
@@ -115,9 +132,9 @@ class SpecEdge(EdgeMachine):
 
     # ---- drafting
     def _begin_round(self) -> list[Action]:
-        self.state = EdgeState.DRAFTING
+        self.enter(EdgeState.DRAFTING)
         self._open_round()
-        return [self.compute("draft", self.cache.plan(self.draft_ctx))]
+        return [self.compute(Purpose.DRAFT, self.cache.plan(self.draft_ctx))]
 
     def _open_round(self) -> Round:
         """The next round, numbered one past the last (the cloud's replies name it), starting
@@ -126,11 +143,11 @@ class SpecEdge(EdgeMachine):
         self._rounds += 1
         return self.round
 
-    def on_compute(self, purpose: str, result: Any) -> list[Action]:
+    def on_compute(self, purpose: Purpose, result: Any) -> list[Action]:
         rnd = self.round
         self._take(result[-1])
         if len(rnd.tokens) < self.settings.gamma:
-            return [self.compute("draft", self.cache.plan(self.draft_ctx + rnd.draft_ids))]
+            return [self.compute(Purpose.DRAFT, self.cache.plan(self.draft_ctx + rnd.draft_ids))]
         return self._upload()
 
     def _take(self, logits: Any) -> None:
@@ -172,7 +189,7 @@ class SpecEdge(EdgeMachine):
                 rnd.index, rnd.base, tuple(self.pending_echo), tuple(rnd.tokens), tuple(rnd.probs)
             )
         self.pending_echo = []
-        self.state = EdgeState.WAITING
+        self.enter(EdgeState.WAITING)
         return [Send(msg)]
 
     @staticmethod
@@ -309,7 +326,7 @@ class SpecCloud(Machine):
 
     def on_start(self) -> list[Action]:
         self.counters.setdefault("tv_bound", 0.0)
-        return [self.compute("prefill", self.cache.plan(self.prompt_ids))]
+        return [self.compute(Purpose.PREFILL, self.cache.plan(self.prompt_ids))]
 
     def on_message(self, msg: Any) -> list[Action]:
         if isinstance(msg, wire.Close):
@@ -355,7 +372,7 @@ class SpecCloud(Machine):
                 self.state = CloudState.VERIFYING
                 rows = len(msg.tokens) + 1
                 job = self.cache.plan([*self.prompt_ids, *self.output, *msg.tokens], rows)
-                return [self.compute("verify", job)]
+                return [self.compute(Purpose.VERIFY, job)]
         except ProtocolError as exc:
             return self.fail(exc)
         return []
@@ -394,8 +411,8 @@ class SpecCloud(Machine):
             reason = f"the request's max_new_tokens={limit} are all generated"
             raise _bad_draft(msg, reason, ErrorCode.LIMIT)
 
-    def on_compute(self, purpose: str, result: Any) -> list[Action]:
-        if purpose == "prefill":
+    def on_compute(self, purpose: Purpose, result: Any) -> list[Action]:
+        if purpose == Purpose.PREFILL:
             return []
         msg, self.verifying = self.verifying, None
         assert msg is not None

@@ -18,7 +18,15 @@ import numpy as np
 
 from wanspec import wire
 from wanspec.jobs import Embed, ForwardEmbeddings
-from wanspec.protocols.base import Action, ErrorCode, Machine, ProtocolError, Send, request_rng
+from wanspec.protocols.base import (
+    Action,
+    ErrorCode,
+    Machine,
+    ProtocolError,
+    Purpose,
+    Send,
+    request_rng,
+)
 from wanspec.protocols.cache import CacheMirror
 from wanspec.protocols.endpoints import EdgeMachine, TargetInfo
 from wanspec.protocols.settings import GenerationSettings
@@ -26,6 +34,8 @@ from wanspec.sampling import pick, target_probs
 
 
 class StreamState(enum.Enum):
+    OPENING = enum.auto()  # the edge: Hello and request sent, the cloud's HelloAck not yet in
+    AWAIT_PROMPT = enum.auto()  # the split cloud: the prompt's activations not yet in
     STREAMING = enum.auto()
     DONE = enum.auto()
 
@@ -36,10 +46,14 @@ class StreamState(enum.Enum):
 class StreamEdge(EdgeMachine):
     """Receives streamed tokens and emits them; `after_tokens` says what goes up next."""
 
-    EXPECTS = {StreamState.STREAMING: (wire.Tokens,)}  # noqa: RUF012
+    EXPECTS = {  # noqa: RUF012
+        StreamState.OPENING: (wire.HelloAck,),
+        StreamState.STREAMING: (wire.Tokens,),
+    }
+    OPENING = {StreamState.STREAMING: StreamState.OPENING}  # noqa: RUF012
 
     def __init__(self, **kwargs: Any) -> None:
-        super().__init__(StreamState.STREAMING, **kwargs)
+        super().__init__(StreamState.OPENING, **kwargs)
 
     def on_start(self) -> list[Action]:
         return self.hello()
@@ -68,15 +82,18 @@ class SplitEdge(StreamEdge):
         self.rounds = 0
 
     def on_start(self) -> list[Action]:
-        return [*self.hello(prompt=""), self.compute("embed", Embed(tuple(self.prompt_ids)))]
+        return [
+            *self.hello(prompt=""),
+            self.compute(Purpose.EMBED, Embed(tuple(self.prompt_ids))),
+        ]
 
-    def on_compute(self, purpose: str, result: Any) -> list[Action]:
+    def on_compute(self, purpose: Purpose, result: Any) -> list[Action]:
         data = result.detach().numpy().astype(np.float16)
         self.rounds += 1
         return [Send(wire.HiddenStates(self.rounds, data))]
 
     def after_tokens(self, ids: list[int]) -> list[Action]:
-        return [self.compute("embed", Embed(tuple(ids[-1:])))]
+        return [self.compute(Purpose.EMBED, Embed(tuple(ids[-1:])))]
 
 
 # ============================================================================ clouds
@@ -87,14 +104,16 @@ class StreamCloud(Machine):
 
     side = "cloud"
 
-    def __init__(self, target: TargetInfo, settings: GenerationSettings) -> None:
-        super().__init__(StreamState.STREAMING)
+    def __init__(
+        self, target: TargetInfo, settings: GenerationSettings, state: StreamState
+    ) -> None:
+        super().__init__(state)
         self.target, self.settings = target, settings
         self.rng = request_rng(settings.seed, "cloud")
         self.eos = () if settings.ignore_eos else target.eos_token_ids
         self.produced = 0
 
-    def on_compute(self, purpose: str, result: Any) -> list[Action]:
+    def on_compute(self, purpose: Purpose, result: Any) -> list[Action]:
         valid = self.target.vocab.target_valid
         q = target_probs(result[-1], self.settings.sampling, valid, self.seen_ids())
         token = pick(q, self.rng)  # the float q itself: nothing travels, nothing is rounded
@@ -116,13 +135,13 @@ class ArCloud(StreamCloud):
     EXPECTS = {StreamState.STREAMING: (wire.Close,)}  # noqa: RUF012
 
     def __init__(self, target: TargetInfo, settings: GenerationSettings, prompt: str) -> None:
-        super().__init__(target, settings)
+        super().__init__(target, settings, StreamState.STREAMING)
         self.context = target.encode(prompt)
         self.cache_tokens = target.admit(len(self.context), settings.max_new_tokens)
         self.cache = CacheMirror()
 
     def on_start(self) -> list[Action]:
-        return [self.compute("forward", self.cache.plan(self.context))]
+        return [self.compute(Purpose.FORWARD, self.cache.plan(self.context))]
 
     def on_message(self, msg: Any) -> list[Action]:
         return self.finish("closed by edge")
@@ -132,7 +151,7 @@ class ArCloud(StreamCloud):
 
     def next_step(self, token: int) -> list[Action]:
         self.context.append(token)
-        return [self.compute("forward", self.cache.plan(self.context))]
+        return [self.compute(Purpose.FORWARD, self.cache.plan(self.context))]
 
 
 class SplitCloud(StreamCloud):
@@ -140,7 +159,10 @@ class SplitCloud(StreamCloud):
     ids, so the prompt is checked when its activations arrive: their width, and that the prompt
     (their rows) leaves room in the context for the tokens asked for."""
 
-    EXPECTS = {StreamState.STREAMING: (wire.HiddenStates, wire.Close)}  # noqa: RUF012
+    EXPECTS = {  # noqa: RUF012
+        StreamState.AWAIT_PROMPT: (wire.HiddenStates, wire.Close),
+        StreamState.STREAMING: (wire.HiddenStates, wire.Close),
+    }
 
     def __init__(self, target: TargetInfo, settings: GenerationSettings) -> None:
         if not target.accepts_activations:
@@ -150,27 +172,32 @@ class SplitCloud(StreamCloud):
                 "split inference cannot apply a repetition penalty: the cloud never sees the "
                 "prompt's token ids, only activations"
             )
-        super().__init__(target, settings)
+        super().__init__(target, settings, StreamState.AWAIT_PROMPT)
         self.length = 0
 
     def on_message(self, msg: Any) -> list[Action]:
         if isinstance(msg, wire.Close):
             return self.finish("closed by edge")
         data = np.asarray(msg.data)
-        self._check_activations(data)
+        self._check_shape(data)
+        rows = int(data.shape[0])
+        if self.state == StreamState.AWAIT_PROMPT:  # the prompt's: admitted, then streamed
+            self.cache_tokens = self.target.admit(rows, self.settings.max_new_tokens)
+            self.state = StreamState.STREAMING
+        else:
+            self._check_room(rows)
         job = ForwardEmbeddings(self.length, data)
-        self.length += int(data.shape[0])
-        return [self.compute("forward", job)]
+        self.length += rows
+        return [self.compute(Purpose.FORWARD, job)]
 
-    def _check_activations(self, data: np.ndarray) -> None:
+    def _check_shape(self, data: np.ndarray) -> None:
         hidden = self.target.hidden_size
         width = f"[n, {hidden}]" if hidden is not None else "[n, hidden size]"
         if data.ndim != 2 or data.shape[0] < 1 or (hidden is not None and data.shape[1] != hidden):
             raise ProtocolError(f"activations must be {width} with n >= 1, got {data.shape}")
-        rows = int(data.shape[0])
-        if self.length == 0:  # the prompt's
-            self.cache_tokens = self.target.admit(rows, self.settings.max_new_tokens)
-            return
+
+    def _check_room(self, rows: int) -> None:
+        """A step's activations must fit in the context after those before them."""
         context = self.target.context_length
         if context is not None and self.length + rows > context:
             raise ProtocolError(

@@ -101,7 +101,7 @@ class SimResult:
     bits_by_type: dict[str, int]
     messages_by_type: dict[str, int]
     compute_busy_s: dict[Side, float]
-    compute_by_tag: dict[Side, dict[str, float]]
+    compute_by_tag: dict[Side, dict[str, float]]  # busy seconds by the jobs' `Purpose`
     computes: dict[Side, int]
     retransmissions: dict[Direction, int]
     events: int
@@ -168,7 +168,7 @@ class _Side:
     running: int | None = None  # job id of the computation under way
     cancelled: set[int] = field(default_factory=set)
     busy_s: float = 0.0
-    by_tag: dict[str, float] = field(default_factory=dict)
+    by_tag: dict[str, float] = field(default_factory=dict)  # by `Purpose` (a job's label)
     computes: int = 0
     cpu: _Cpu = field(default_factory=_Cpu)
     cpu_s: float = 0.0  # protocol CPU charged: handlers and codec
