@@ -42,32 +42,17 @@ from wanspec.protocols.base import (
     Compute,
     ComputeDone,
     ErrorCode,
-    Finish,
     Machine,
-    MessageReceived,
     ProtocolError,
     Send,
     Start,
 )
 from wanspec.protocols.registry import edge_fingerprints, make_cloud
 from wanspec.protocols.settings import MAX_STOP_STRINGS
-from worlds import PROMPT_IDS, World, greedy
+from worlds import PROMPT_IDS, World, deliver, greedy, refusal
 
 GAMMA = 2
 WIDTH = 300  # the worlds' target vocabulary
-
-
-def _deliver(machine: Any, msg: Any) -> list[Any]:
-    """Hand a machine a message as a driver would: encoded and decoded by the wire codec."""
-    return machine.handle(MessageReceived(wire.decode(wire.encode(msg))))
-
-
-def _error(actions: list[Any]) -> tuple[ErrorCode, str]:
-    """The Error sent and the Finish reason, which must name the same failure."""
-    sent = [a.msg for a in actions if isinstance(a, Send) and isinstance(a.msg, wire.Error)]
-    finish = [a.reason for a in actions if isinstance(a, Finish)]
-    assert len(sent) == 1 and finish == [f"error: {sent[0].message}"], actions
-    return ErrorCode(sent[0].code), sent[0].message
 
 
 def _hello(world: World, method: str) -> wire.Hello:
@@ -83,10 +68,10 @@ def _cloud(
     """A cloud past the handshake, handed a request of `prompt` and `settings` (as given,
     unchecked); the cloud and the actions the request brought."""
     cloud = make_cloud(info or world.info)
-    acks = _deliver(cloud, _hello(world, method))
+    acks = deliver(cloud, _hello(world, method))
     assert [type(a.msg) for a in acks] == [wire.HelloAck], acks
     request = wire.StartRequest(0, prompt, {"gamma": GAMMA, "max_new_tokens": 20, **settings})
-    return cloud, _deliver(cloud, request)
+    return cloud, deliver(cloud, request)
 
 
 def _ready(world: World, method: str, **settings: Any) -> tuple[Any, Any]:
@@ -149,10 +134,10 @@ def test_a_bad_draft_queued_behind_one_in_verification_is_refused_on_arrival(
     shared_world: World, method: str, first: Any, bad: Any, reason: str
 ) -> None:
     cloud, execute = _ready(shared_world, method)
-    (verify,) = _deliver(cloud, first)
+    (verify,) = deliver(cloud, first)
     assert isinstance(verify, Compute) and verify.label == "verify"
-    actions = _deliver(cloud, bad)
-    assert _error(actions) == (ErrorCode.PROTOCOL, reason)
+    actions = deliver(cloud, bad)
+    assert refusal(actions) == (ErrorCode.PROTOCOL, reason)
     assert Cancel(verify.job_id) in actions and cloud.done  # the verdict is not computed
     assert _run(cloud, execute, verify) == []  # a late result changes nothing
 
@@ -164,12 +149,12 @@ def test_a_draft_past_the_requested_length_is_refused_after_the_verdict_before_i
     the verdict of the round before still goes out, then the error, blamed on the peer."""
     g = greedy(shared_world, 3)
     cloud, execute = _ready(shared_world, "naive", temperature=0, max_new_tokens=3)
-    (verify,) = _deliver(cloud, wire.Draft(0, 0, (), (g[0], g[1]), (65535, 65535)))
-    assert _deliver(cloud, wire.Draft(1, 3, (), (5, 6), (65535, 65535))) == []  # queued
+    (verify,) = deliver(cloud, wire.Draft(0, 0, (), (g[0], g[1]), (65535, 65535)))
+    assert deliver(cloud, wire.Draft(1, 3, (), (5, 6), (65535, 65535))) == []  # queued
     actions = _run(cloud, execute, verify)
     assert actions[0] == Send(wire.VerifyResult(0, 2, token=g[2]))
     reason = "draft for round 1: the request's max_new_tokens=3 are all generated"
-    assert _error(actions[1:]) == (ErrorCode.LIMIT, reason) and cloud.done
+    assert refusal(actions[1:]) == (ErrorCode.LIMIT, reason) and cloud.done
 
 
 @pytest.mark.parametrize(
@@ -191,8 +176,8 @@ def test_a_draft_with_p_of_x_zero_is_refused_before_any_model_work(
     shared_world: World, method: str, draft: Any, reason: str
 ) -> None:
     cloud, _ = _ready(shared_world, method)
-    actions = _deliver(cloud, draft)
-    assert _error(actions) == (ErrorCode.PROTOCOL, reason)
+    actions = deliver(cloud, draft)
+    assert refusal(actions) == (ErrorCode.PROTOCOL, reason)
     assert not any(isinstance(a, Compute) for a in actions)
 
 
@@ -217,7 +202,7 @@ def test_a_draft_of_the_wrong_kind_or_longer_than_gamma_is_refused(
     shared_world: World, method: str, draft: Any, code: ErrorCode, reason: str
 ) -> None:
     cloud, _ = _ready(shared_world, method)
-    assert _error(_deliver(cloud, draft)) == (code, reason)
+    assert refusal(deliver(cloud, draft)) == (code, reason)
 
 
 # ============================================================================ rejections
@@ -225,19 +210,19 @@ def test_a_draft_of_the_wrong_kind_or_longer_than_gamma_is_refused(
 
 def test_srdv_candidate_requests_stop_at_m_sets_and_must_ask_for_k(shared_world: World) -> None:
     cloud, execute = _ready(shared_world, "xcosd-e", srdv_k=1, srdv_m=2)
-    (verify,) = _deliver(cloud, wire.Draft(0, 0, (), (_impossible(shared_world),), (65535,)))
+    (verify,) = deliver(cloud, wire.Draft(0, 0, (), (_impossible(shared_world),), (65535,)))
     (reply,) = _run(cloud, execute, verify)
     assert reply.msg.accepted == 0 and len(reply.msg.candidates) == 1  # candidate set 1
-    (more,) = _deliver(cloud, wire.CandidatesRequest(0, 1))
+    (more,) = deliver(cloud, wire.CandidatesRequest(0, 1))
     assert isinstance(more.msg, wire.Candidates)  # set 2 of M = 2
     reason = "candidate set 3 asked for round 0, but the request's srdv_m is 2"
-    assert _error(_deliver(cloud, wire.CandidatesRequest(0, 1))) == (ErrorCode.LIMIT, reason)
+    assert refusal(deliver(cloud, wire.CandidatesRequest(0, 1))) == (ErrorCode.LIMIT, reason)
 
     cloud, execute = _ready(shared_world, "xcosd-e", srdv_k=1, srdv_m=2)
-    (verify,) = _deliver(cloud, wire.Draft(0, 0, (), (_impossible(shared_world),), (65535,)))
+    (verify,) = deliver(cloud, wire.Draft(0, 0, (), (_impossible(shared_world),), (65535,)))
     _run(cloud, execute, verify)
     reason = "7 candidates asked for, but the request's srdv_k is 1"
-    assert _error(_deliver(cloud, wire.CandidatesRequest(0, 7))) == (ErrorCode.PROTOCOL, reason)
+    assert refusal(deliver(cloud, wire.CandidatesRequest(0, 7))) == (ErrorCode.PROTOCOL, reason)
 
 
 @pytest.mark.parametrize("follow_up", ["repeated", "wrong width"])
@@ -246,17 +231,17 @@ def test_sd_refuses_a_second_or_malformed_answer_about_the_rejected_position(
 ) -> None:
     impossible = _impossible(shared_world)
     cloud, execute = _ready(shared_world, "sd")
-    (verify,) = _deliver(cloud, wire.Draft(0, 0, (), (impossible,), (65535,)))
+    (verify,) = deliver(cloud, wire.Draft(0, 0, (), (impossible,), (65535,)))
     assert [a.msg for a in _run(cloud, execute, verify)] == [wire.VerifyResult(0, 0)]
     if follow_up == "wrong width":
         answer = _dists_draft(0, 0, (impossible,), width=WIDTH - 1)
         reason = "the draft distribution is over 299 ids, not 300"
     else:
         answer = _dists_draft(0, 0, (impossible,))
-        (token,) = _deliver(cloud, answer)
+        (token,) = deliver(cloud, answer)
         assert token.msg.token is not None  # the rejection is resolved
         reason = "DraftWithDists for round 0, whose rejected position is already resolved"
-    assert _error(_deliver(cloud, answer)) == (ErrorCode.PROTOCOL, reason)
+    assert refusal(deliver(cloud, answer)) == (ErrorCode.PROTOCOL, reason)
 
 
 # ============================================================================ activations
@@ -269,11 +254,11 @@ def test_split_activations_of_the_wrong_shape_are_refused_before_the_forward(
     info = dataclasses.replace(shared_world.info, accepts_activations=True, hidden_size=8)
     cloud, actions = _cloud(shared_world, "split", info=info, prompt="")
     assert actions == []
-    bad = _deliver(cloud, wire.HiddenStates(1, np.zeros(shape, dtype=np.float16)))
+    bad = deliver(cloud, wire.HiddenStates(1, np.zeros(shape, dtype=np.float16)))
     reason = f"activations must be [n, 8] with n >= 1, got {shape}"
-    assert _error(bad) == (ErrorCode.PROTOCOL, reason)
+    assert refusal(bad) == (ErrorCode.PROTOCOL, reason)
     cloud, _ = _cloud(shared_world, "split", info=info, prompt="")
-    (good,) = _deliver(cloud, wire.HiddenStates(1, np.zeros((2, 8), dtype=np.float16)))
+    (good,) = deliver(cloud, wire.HiddenStates(1, np.zeros((2, 8), dtype=np.float16)))
     assert isinstance(good, Compute)
 
 
@@ -288,7 +273,7 @@ def _counting_info(world: World, **limits: Any) -> Any:
 @pytest.mark.parametrize("method", ["naive", "ar"])
 def test_an_empty_prompt_is_refused_at_the_request(shared_world: World, method: str) -> None:
     _, actions = _cloud(shared_world, method, info=_counting_info(shared_world), prompt="")
-    code, reason = _error(actions)
+    code, reason = refusal(actions)
     assert code == ErrorCode.BAD_SETTINGS and reason.startswith("the prompt is empty")
 
 
@@ -306,15 +291,15 @@ def test_a_prompt_over_the_context_or_the_servers_cap_is_refused_before_any_mode
         if method != "split":
             return actions
         rows = np.zeros((prompt_tokens, 8), dtype=np.float16)
-        return _deliver(cloud, wire.HiddenStates(1, rows))
+        return deliver(cloud, wire.HiddenStates(1, rows))
 
     over = request(6, 5, context_length=10)
     reason = "the prompt's 6 tokens plus max_new_tokens=5 exceed the target's context of 10 tokens"
-    assert _error(over) == (ErrorCode.LIMIT, reason)
+    assert refusal(over) == (ErrorCode.LIMIT, reason)
     assert not any(isinstance(a, Compute) for a in over)
     assert [type(a) for a in request(6, 4, context_length=10)] == [Compute]  # just fits
     capped = request(6, 1, max_prompt_tokens=5)
-    assert _error(capped) == (
+    assert refusal(capped) == (
         ErrorCode.LIMIT,
         "the prompt is 6 tokens, over this server's limit of 5",
     )
@@ -337,14 +322,14 @@ def test_absurd_settings_are_bad_settings_and_echo_at_most_80_characters_of_a_va
     shared_world: World, settings: dict[str, Any], words: str
 ) -> None:
     _, actions = _cloud(shared_world, "naive", **settings)
-    code, reason = _error(actions)
+    code, reason = refusal(actions)
     assert code == ErrorCode.BAD_SETTINGS and words in reason, reason
     assert len(reason) < 200, reason
 
 
 def test_a_kilobyte_method_name_is_unsupported_and_echoed_short(shared_world: World) -> None:
     hello = dataclasses.replace(_hello(shared_world, "naive"), method="m" * 4000)
-    code, reason = _error(_deliver(make_cloud(shared_world.info), hello))
+    code, reason = refusal(deliver(make_cloud(shared_world.info), hello))
     assert code == ErrorCode.UNSUPPORTED and reason.startswith("unknown method 'mmm")
     assert "m" * 80 not in reason and "…" in reason and "naive" in reason
 
@@ -373,7 +358,7 @@ def test_a_peer_error_found_under_a_compute_done_is_blamed_on_the_peer() -> None
     machine = _Faulty(_State.RUNNING)
     (compute,) = machine.handle(Start())
     actions = machine.handle(ComputeDone(compute.job_id, None))
-    assert _error(actions) == (ErrorCode.LIMIT, "the peer asked for more than it may")
+    assert refusal(actions) == (ErrorCode.LIMIT, "the peer asked for more than it may")
 
 
 # ============================================================================ the edge side
@@ -384,7 +369,7 @@ def _edge_with_a_draft_up(world: World, method: str, **settings: Any) -> Any:
     actions = edge.handle(Start())
     fp = edge.fingerprints
     ack = wire.HelloAck(PROTOCOL_VERSION, fp.target_model, fp.target_tokenizer, {})
-    assert _deliver(edge, ack) == []
+    assert deliver(edge, ack) == []
     execute = session_executor(world.draft)
     while not any(isinstance(a, Send) and isinstance(a.msg, wire.Draft) for a in actions):
         compute = next(a for a in actions if isinstance(a, Compute))
@@ -402,19 +387,19 @@ def test_the_edge_blames_the_cloud_for_eos_ids_candidates_and_positions_it_canno
         PROTOCOL_VERSION, fp.target_model, fp.target_tokenizer, {"eos_token_ids": "x"}
     )
     reason = "the cloud's eos_token_ids='x' are not a list of ids"
-    assert _error(_deliver(edge, ack)) == (ErrorCode.PROTOCOL, reason)
+    assert refusal(deliver(edge, ack)) == (ErrorCode.PROTOCOL, reason)
 
     edge = _edge_with_a_draft_up(shared_world, "xcosd-e")
     outside = wire.VerifyResult(0, 0, candidates=((5000, 0.5),))
     reason = "SR-DV needs candidates within the target vocabulary [0, 300)"
-    assert _error(_deliver(edge, outside)) == (ErrorCode.PROTOCOL, reason)
+    assert refusal(deliver(edge, outside)) == (ErrorCode.PROTOCOL, reason)
 
     edge = _edge_with_a_draft_up(shared_world, "sd")
-    assert [type(a.msg) for a in _deliver(edge, wire.VerifyResult(0, 1))] == [
+    assert [type(a.msg) for a in deliver(edge, wire.VerifyResult(0, 1))] == [
         wire.DraftWithDists
     ]  # "send me p̃ at position 1"
     reason = "a follow-up verdict at position 0, but position 1 was rejected"
-    assert _error(_deliver(edge, wire.VerifyResult(0, 0, token=3))) == (ErrorCode.PROTOCOL, reason)
+    assert refusal(deliver(edge, wire.VerifyResult(0, 0, token=3))) == (ErrorCode.PROTOCOL, reason)
 
 
 # ============================================================================ over real TCP

@@ -26,7 +26,6 @@ from wanspec.protocols.base import (
     Compute,
     ComputeDone,
     ErrorCode,
-    Finish,
     MessageReceived,
     Purpose,
     Send,
@@ -38,7 +37,7 @@ from wanspec.protocols.settings import GenerationSettings
 from wanspec.protocols.speculative import EdgeState, SpecEdge
 from wanspec.protocols.stream import StreamEdge, StreamState
 from wanspec.sim import Link, simulate
-from worlds import FLAT_PROFILE, PROMPT_IDS, World
+from worlds import FLAT_PROFILE, PROMPT_IDS, World, deliver, refusal
 
 GAMMA = 3
 HIDDEN = 8  # the split tests' activation width
@@ -126,15 +125,7 @@ def _labels(world: World, method: str) -> list[Any]:
         edge, cloud = _split_run(world)
     else:
         edge, cloud = (_Recorder(m) for m in world.machines(method, max_new_tokens=12, seed=3))
-        simulate(
-            edge,
-            cloud,
-            Link(bandwidth_bps=1e6, rtt_s=0.02),
-            FLAT_PROFILE,
-            FLAT_PROFILE,
-            edge_executor=session_executor(world.draft),
-            cloud_executor=session_executor(world.target),
-        )
+        world.simulate(edge, cloud)
     return edge.labels + cloud.labels
 
 
@@ -150,19 +141,6 @@ def test_every_job_of_every_method_is_labelled_with_a_purpose(shared_world: Worl
 
 
 # ============================================================================ states
-
-
-def _deliver(machine: Any, msg: Any) -> list[Any]:
-    """Hand a machine a message as a driver would: encoded and decoded by the wire codec."""
-    return machine.handle(MessageReceived(wire.decode(wire.encode(msg))))
-
-
-def _refusal(actions: list[Any]) -> tuple[ErrorCode, str]:
-    """The Error sent and the Finish reason, which must name the same failure."""
-    sent = [a.msg for a in actions if isinstance(a, Send) and isinstance(a.msg, wire.Error)]
-    finish = [a.reason for a in actions if isinstance(a, Finish)]
-    assert len(sent) == 1 and finish == [f"error: {sent[0].message}"], actions
-    return ErrorCode(sent[0].code), sent[0].message
 
 
 def _ack(edge: Any) -> wire.HelloAck:
@@ -191,10 +169,10 @@ def test_a_streaming_edge_refuses_tokens_before_the_hello_ack(shared_world: Worl
     edge.handle(Start())
     assert edge.state == StreamState.OPENING
     reason = "unexpected Tokens while opening"
-    assert _refusal(_deliver(edge, wire.Tokens((5,)))) == (ErrorCode.PROTOCOL, reason)
+    assert refusal(deliver(edge, wire.Tokens((5,)))) == (ErrorCode.PROTOCOL, reason)
     edge = shared_world.edge("ar", max_new_tokens=4)
     edge.handle(Start())
-    assert _deliver(edge, _ack(edge)) == [] and edge.state == StreamState.STREAMING
+    assert deliver(edge, _ack(edge)) == [] and edge.state == StreamState.STREAMING
 
 
 def test_a_drafting_edge_refuses_a_verdict_before_the_hello_ack(shared_world: World) -> None:
@@ -203,7 +181,7 @@ def test_a_drafting_edge_refuses_a_verdict_before_the_hello_ack(shared_world: Wo
     assert edge.state == EdgeState.OPENING_DRAFTING
     reason = "unexpected VerifyResult while opening_drafting"
     verdict = wire.VerifyResult(0, 0, token=1)
-    assert _refusal(_deliver(edge, verdict)) == (ErrorCode.PROTOCOL, reason)
+    assert refusal(deliver(edge, verdict)) == (ErrorCode.PROTOCOL, reason)
 
 
 def test_an_edge_with_its_draft_up_refuses_a_verdict_before_the_hello_ack(
@@ -220,9 +198,9 @@ def test_an_edge_with_its_draft_up_refuses_a_verdict_before_the_hello_ack(
 
     verdict = wire.VerifyResult(0, GAMMA, token=1)
     reason = "unexpected VerifyResult while opening_waiting"
-    assert _refusal(_deliver(drafted(), verdict)) == (ErrorCode.PROTOCOL, reason)
+    assert refusal(deliver(drafted(), verdict)) == (ErrorCode.PROTOCOL, reason)
     edge = drafted()
-    assert _deliver(edge, _ack(edge)) == [] and edge.state == EdgeState.WAITING
+    assert deliver(edge, _ack(edge)) == [] and edge.state == EdgeState.WAITING
     assert edge.handle(MessageReceived(verdict))[0].token_ids[-1] == 1  # committed
     assert edge.state == EdgeState.DRAFTING
 
@@ -232,11 +210,11 @@ def _picospec_stalled(world: World) -> tuple[PipelineEdge, Compute, Any]:
     the continuation. Returns it, its outstanding tree job and its draft session's executor."""
     edge = world.edge("picospec", max_new_tokens=20, gamma=GAMMA, seed=4)
     actions = edge.handle(Start())
-    assert _deliver(edge, _ack(edge)) == []
+    assert deliver(edge, _ack(edge)) == []
     execute = session_executor(world.draft)
     (tree,) = [a for a in _draft_up(edge, actions, execute) if isinstance(a, Compute)]
     assert tree.label == Purpose.TREE
-    assert [type(a).__name__ for a in _deliver(edge, wire.VerifyResult(0, GAMMA))] == ["Emit"]
+    assert [type(a).__name__ for a in deliver(edge, wire.VerifyResult(0, GAMMA))] == ["Emit"]
     assert edge.state == EdgeState.STALLED and edge.counters["pipeline_stalls"] == 1
     return edge, tree, execute
 
@@ -252,7 +230,7 @@ def test_a_stalled_pipeline_refuses_what_waiting_or_resolving_would_take(
     """A stall waits for the edge's own tree, not for the cloud, which has answered."""
     edge, _, _ = _picospec_stalled(shared_world)
     reason = f"unexpected {type(late).__name__} while stalled"
-    assert _refusal(_deliver(edge, late)) == (ErrorCode.PROTOCOL, reason)
+    assert refusal(deliver(edge, late)) == (ErrorCode.PROTOCOL, reason)
 
 
 def test_a_stall_ends_when_the_branch_is_drafted_and_the_next_chain_goes_up(
@@ -278,15 +256,15 @@ def test_a_split_cloud_refuses_tokens_before_the_prompts_activations(
 
     def ready() -> Any:
         cloud = make_cloud(info)
-        _deliver(cloud, hello)
-        assert _deliver(cloud, wire.StartRequest(0, "", {"max_new_tokens": 4})) == []
+        deliver(cloud, hello)
+        assert deliver(cloud, wire.StartRequest(0, "", {"max_new_tokens": 4})) == []
         assert cloud.inner.state == StreamState.AWAIT_PROMPT
         return cloud
 
     reason = "unexpected Tokens while await_prompt"
-    assert _refusal(_deliver(ready(), wire.Tokens((5,)))) == (ErrorCode.PROTOCOL, reason)
+    assert refusal(deliver(ready(), wire.Tokens((5,)))) == (ErrorCode.PROTOCOL, reason)
     cloud = ready()
     prompt = wire.HiddenStates(1, torch.zeros((3, HIDDEN), dtype=torch.float16).numpy())
-    (forward,) = _deliver(cloud, prompt)
+    (forward,) = deliver(cloud, prompt)
     assert forward.label == Purpose.FORWARD and cloud.inner.state == StreamState.STREAMING
     assert cloud.cache_tokens == 3 + 4

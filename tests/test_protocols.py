@@ -16,7 +16,7 @@ from wanspec import wire
 from wanspec.models.jobs import session_executor
 from wanspec.protocols.registry import METHODS, get_method, make_cloud
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.sim import Link, simulate
+from wanspec.sim import Link
 from worlds import FLAT_PROFILE, World, greedy
 
 LOSSLESS = [name for name, m in METHODS.items() if m.lossless]
@@ -185,17 +185,7 @@ def test_a_stale_draft_is_dropped_and_counted(hetero_world: World) -> None:
 
 
 def _handshake_failure(world: World, edge) -> tuple:
-    cloud = make_cloud(world.info)
-    sim = simulate(
-        edge,
-        cloud,
-        Link(bandwidth_bps=1e6, rtt_s=0.02),
-        FLAT_PROFILE,
-        FLAT_PROFILE,
-        edge_executor=session_executor(world.draft),
-        cloud_executor=session_executor(world.target),
-        trace=True,
-    )
+    sim = world.simulate(edge, make_cloud(world.info), trace=True)
     errors = [rec.info["msg"] for rec in sim.trace if rec.what == "send" and rec.side == "cloud"]
     return sim, errors
 

@@ -19,13 +19,12 @@ from wanspec.protocols.base import (
     Compute,
     ComputeDone,
     ErrorCode,
-    Finish,
     MessageReceived,
     Send,
     Start,
 )
 from wanspec.protocols.registry import METHODS, make_cloud
-from worlds import PROMPT_IDS, World
+from worlds import PROMPT_IDS, World, refusal
 
 GAMMA = 3
 
@@ -44,14 +43,6 @@ def _edge_with_a_draft_up(world: World, method: str):
     return edge
 
 
-def _error(actions: list) -> tuple[int, str]:
-    """The Error sent and the Finish reason, which must name the same failure."""
-    sent = [a.msg for a in actions if isinstance(a, Send) and isinstance(a.msg, wire.Error)]
-    finish = [a.reason for a in actions if isinstance(a, Finish)]
-    assert len(sent) == 1 and finish == [f"error: {sent[0].message}"]
-    return sent[0].code, sent[0].message
-
-
 @pytest.mark.parametrize(
     ("reply", "reason"),
     [
@@ -66,7 +57,7 @@ def test_the_edge_refuses_a_verdict_it_cannot_apply(
 ) -> None:
     edge = _edge_with_a_draft_up(shared_world, "naive")
     assert shared_world.alignment.target_width == 300
-    assert _error(edge.handle(MessageReceived(reply))) == (int(ErrorCode.PROTOCOL), reason)
+    assert refusal(edge.handle(MessageReceived(reply))) == (int(ErrorCode.PROTOCOL), reason)
     assert edge.done and edge.accepted_per_round == []
 
 
@@ -119,7 +110,7 @@ def test_the_cloud_refuses_a_draft_it_cannot_verify(
     shared_world: World, method: str, draft: object, reason: str
 ) -> None:
     cloud, _ = _cloud_ready(shared_world, method)
-    assert _error(cloud.handle(MessageReceived(draft))) == (int(ErrorCode.PROTOCOL), reason)
+    assert refusal(cloud.handle(MessageReceived(draft))) == (int(ErrorCode.PROTOCOL), reason)
     assert cloud.done
 
 
@@ -155,7 +146,7 @@ def test_sd_refuses_a_follow_up_that_is_not_the_rejected_positions_distribution(
     assert [a.msg for a in verdict] == [wire.VerifyResult(0, 0)]  # "send me p_j"
     follow_up = cloud.handle(MessageReceived(wire.CandidatesRequest(0, 1)))
     reason = "expected the draft distribution of the rejected position"
-    assert _error(follow_up) == (int(ErrorCode.PROTOCOL), reason)
+    assert refusal(follow_up) == (int(ErrorCode.PROTOCOL), reason)
 
 
 # ----------------------------------------------------------------------------- the handshake
@@ -167,7 +158,7 @@ def test_the_edge_refuses_a_cloud_running_another_target_model(shared_world: Wor
     fp = edge.fingerprints
     ack = wire.HelloAck(wire.WIRE_VERSION, "another model", fp.target_tokenizer, {})
     reason = "the cloud runs a different target model"
-    assert _error(edge.handle(MessageReceived(ack))) == (int(ErrorCode.MISMATCH), reason)
+    assert refusal(edge.handle(MessageReceived(ack))) == (int(ErrorCode.MISMATCH), reason)
 
 
 def _opening(world: World, method: str, **settings) -> list:
@@ -183,11 +174,11 @@ def test_the_cloud_refuses_bad_settings_and_a_shared_only_method_with_their_code
     cloud = make_cloud(hetero_world.info)
     hello, request = _opening(hetero_world, "naive", settings={"gamma": 0})
     assert cloud.handle(MessageReceived(hello))  # the HelloAck
-    code, message = _error(cloud.handle(MessageReceived(request)))
+    code, message = refusal(cloud.handle(MessageReceived(request)))
     assert code == int(ErrorCode.BAD_SETTINGS) and message.startswith("bad settings: invalid")
     hello, _ = _opening(hetero_world, "sd")
     reason = "method 'sd' needs a shared vocabulary, but the draft and target tokenizers differ"
-    code_reason = _error(make_cloud(hetero_world.info).handle(MessageReceived(hello)))
+    code_reason = refusal(make_cloud(hetero_world.info).handle(MessageReceived(hello)))
     assert code_reason == (int(ErrorCode.UNSUPPORTED), reason)
 
 
@@ -205,13 +196,13 @@ def test_the_cloud_refuses_an_unknown_method_and_another_target_with_their_codes
     shared_world: World,
 ) -> None:
     hello, _ = _opening(shared_world, "nope")
-    code, message = _error(make_cloud(shared_world.info).handle(MessageReceived(hello)))
+    code, message = refusal(make_cloud(shared_world.info).handle(MessageReceived(hello)))
     head = "unknown method 'nope'; known methods: "
     assert code == int(ErrorCode.UNSUPPORTED) and message.startswith(head)
     assert set(METHODS) <= set(message.removeprefix(head).split(", "))
     for field in ("target_tokenizer", "target_model"):
         other = dataclasses.replace(hello, method="naive", **{field: "f" * 64})
-        code, message = _error(make_cloud(shared_world.info).handle(MessageReceived(other)))
+        code, message = refusal(make_cloud(shared_world.info).handle(MessageReceived(other)))
         what = field.replace("_", " ")
         assert code == int(ErrorCode.MISMATCH), field
         assert message.startswith(f"the edge expects {what} ffffffffffff, this cloud runs ")

@@ -5,12 +5,15 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from wanspec import wire
 from wanspec.models.jobs import session_executor
 from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
 from wanspec.models.tiny import build_tokenizer
+from wanspec.protocols.base import ErrorCode, Finish, MessageReceived, Send
 from wanspec.protocols.registry import make_cloud, make_edge, target_info
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sampling import target_probs
@@ -69,7 +72,11 @@ class World:
         self, method: str, link: Link | None = None, profile=FLAT_PROFILE, trace=False, **settings
     ):
         edge, cloud = self.machines(method, **settings)
-        sim = simulate(
+        return self.simulate(edge, cloud, link, profile, trace), edge, cloud
+
+    def simulate(self, edge, cloud, link: Link | None = None, profile=FLAT_PROFILE, trace=False):
+        """Run two machines on this world's models (fresh sessions) over `link`."""
+        return simulate(
             edge,
             cloud,
             link or Link(bandwidth_bps=1e6, rtt_s=0.02),
@@ -79,7 +86,6 @@ class World:
             cloud_executor=session_executor(self.target),
             trace=trace,
         )
-        return sim, edge, cloud
 
     def exact_joint(self, n: int, **sampling) -> dict[tuple[int, ...], float]:
         """The enumerated law of the first n target tokens (the float q, as the target samples)."""
@@ -120,3 +126,16 @@ class FixedLaw(SyntheticSpec):
         for token, mass in self.law:
             out[token] = mass
         return out
+
+
+def deliver(machine: Any, msg: Any) -> list[Any]:
+    """Hand a machine a message as a driver would: encoded and decoded by the wire codec."""
+    return machine.handle(MessageReceived(wire.decode(wire.encode(msg))))
+
+
+def refusal(actions: list[Any]) -> tuple[ErrorCode, str]:
+    """The Error sent and the Finish reason, which must name the same failure."""
+    sent = [a.msg for a in actions if isinstance(a, Send) and isinstance(a.msg, wire.Error)]
+    finish = [a.reason for a in actions if isinstance(a, Finish)]
+    assert len(sent) == 1 and finish == [f"error: {sent[0].message}"], actions
+    return ErrorCode(sent[0].code), sent[0].message
