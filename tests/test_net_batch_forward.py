@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from wanspec.jobs import Forward, KeepTreePath
+from wanspec.jobs import Forward, KeepTreePath, split_forward
 from wanspec.models.invariant import make_batch_invariant
-from wanspec.models.jobs import run_job, run_jobs_batched, split_forward
+from wanspec.models.jobs import run_job, run_jobs_batched
 from wanspec.models.lm import LanguageModel, load_model
 from wanspec.net.batching import ModelBatcher, _Ask, take_batch
 

@@ -17,6 +17,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from wanspec.models.batch_policy import prefill_pieces
+
 
 @dataclass(frozen=True)
 class ComputeCost:
@@ -112,6 +114,22 @@ class ForwardEmbeddings:
 Job = Forward | TreeForward | KeepTreePath | Embed | ForwardEmbeddings
 
 
+def split_forward(job: Forward, size: int) -> list[Forward]:
+    """`job` as consecutive `Forward`s of at most `size` tokens whose results, concatenated, are
+    `job`'s: a long prefill in pieces, so other sessions' passes can run between them and no
+    single pass holds attention over the whole prompt at once; the pieces' bounds are
+    `batch_policy.prefill_pieces`. `size` 0: never split."""
+    n = len(job.tokens)
+    bounds = prefill_pieces(n, size)
+    if len(bounds) == 1:
+        return [job]
+    first_row = n - job.rows  # the first token whose logits row comes back
+    return [
+        Forward(job.keep + start, job.tokens[start:stop], max(0, stop - max(start, first_row)))
+        for start, stop in bounds
+    ]
+
+
 Executor = Callable[[Job], Any]  # runs one job on one session, returns its result
 
 __all__ = [
@@ -123,4 +141,5 @@ __all__ = [
     "Job",
     "KeepTreePath",
     "TreeForward",
+    "split_forward",
 ]

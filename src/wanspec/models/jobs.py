@@ -22,24 +22,7 @@ from wanspec.jobs import (
     KeepTreePath,
     TreeForward,
 )
-from wanspec.models.batch_policy import prefill_pieces
 from wanspec.models.lm import HFLanguageModel, LanguageModel
-
-
-def split_forward(job: Forward, size: int) -> list[Forward]:
-    """`job` as consecutive `Forward`s of at most `size` tokens whose results, concatenated, are
-    `job`'s: a long prefill in pieces, so other sessions' passes can run between them and no
-    single pass holds attention over the whole prompt at once; the pieces' bounds are
-    `batch_policy.prefill_pieces`. `size` 0: never split."""
-    n = len(job.tokens)
-    bounds = prefill_pieces(n, size)
-    if len(bounds) == 1:
-        return [job]
-    first_row = n - job.rows  # the first token whose logits row comes back
-    return [
-        Forward(job.keep + start, job.tokens[start:stop], max(0, stop - max(start, first_row)))
-        for start, stop in bounds
-    ]
 
 
 def run_job(session: LanguageModel, job: Job) -> Any:

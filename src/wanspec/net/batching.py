@@ -39,7 +39,7 @@ from typing import Any, Protocol
 
 import torch
 
-from wanspec.jobs import Forward, Job
+from wanspec.jobs import Forward, Job, split_forward
 from wanspec.models.batch_policy import (
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_PREFILL_CHUNK,
@@ -47,7 +47,7 @@ from wanspec.models.batch_policy import (
     next_pass,
     padded_tokens,
 )
-from wanspec.models.jobs import run_job, run_jobs_batched, split_forward
+from wanspec.models.jobs import run_job, run_jobs_batched
 from wanspec.models.lm import LanguageModel
 
 log = logging.getLogger("wanspec.serve")

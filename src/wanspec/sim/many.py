@@ -32,14 +32,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from wanspec.jobs import ComputeCost, Executor, Forward, Job
+from wanspec.jobs import ComputeCost, Executor, Forward, Job, split_forward
 from wanspec.models.batch_policy import (
     DEFAULT_MAX_BATCH_TOKENS,
     DEFAULT_PREFILL_CHUNK,
     QueuedJob,
     next_pass,
     padded_tokens,
-    prefill_pieces,
 )
 from wanspec.protocols.base import Compute, Event, Side, Start, StateMachine
 from wanspec.sim.driver import (
@@ -256,10 +255,7 @@ def _piece_costs(job: Job, prefill_chunk: int) -> list[ComputeCost]:
     (each after the cache its earlier pieces built), anything else its own."""
     if not isinstance(job, Forward):
         return [job.cost]
-    return [
-        ComputeCost("forward", n=stop - start, context=job.keep + start)
-        for start, stop in prefill_pieces(len(job.tokens), prefill_chunk)
-    ]
+    return [piece.cost for piece in split_forward(job, prefill_chunk)]
 
 
 @dataclass(order=True)
