@@ -33,7 +33,7 @@ from wanspec.models.tiny import build_tokenizer
 from wanspec.protocols.base import Finish, Send, Start
 from wanspec.protocols.registry import build_machines
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.sim import EdgeSession, Link, SimResult, driver, simulate, simulate_many
+from wanspec.sim import EdgeSession, Link, SimResult, request, simulate, simulate_many
 from wanspec.vocab import VocabAlignment
 
 SLEEP_S = 0.004
@@ -309,10 +309,10 @@ def test_the_sender_pays_the_encoding_and_the_receiver_the_decoding(monkeypatch)
         )  # fmt: skip
 
     plain = (pickle.dumps, pickle.loads)
-    monkeypatch.setattr(driver, "_wire_codec", lambda: plain)
+    monkeypatch.setattr(request, "_wire_codec", lambda: plain)
     base = run(charge=False)  # the same message sizes, nothing charged
     codec = SlowCodec()
-    monkeypatch.setattr(driver, "_wire_codec", lambda: (codec.encode, codec.decode))
+    monkeypatch.setattr(request, "_wire_codec", lambda: (codec.encode, codec.decode))
     res = run(charge=True)
     assert res.tokens == base.tokens == [0, 1, 2] and len(codec.encodes) == 6
 

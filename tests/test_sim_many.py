@@ -83,7 +83,7 @@ def _session(
 
 
 def _alone(spec: EdgeSession) -> SimResult:
-    """The same request on `simulate`, the single-request driver."""
+    """The same request on `simulate`, the single-request entry point."""
     return simulate(
         spec.edge,
         spec.cloud,
@@ -139,6 +139,30 @@ def test_one_session_times_exactly_as_the_single_request_driver(pair) -> None:
             for name in ("bits", "compute_by_tag", "computes", "retransmissions"):
                 assert getattr(shared, name) == getattr(alone, name), (method, name)
             assert shared.compute_busy_s == pytest.approx(alone.compute_busy_s)
+
+
+@pytest.mark.parametrize("method", ["cosd", "picospec", "acespec"])
+def test_simulate_is_simulate_many_of_one_session(pair, method: str) -> None:
+    """One runtime: the single-request entry point and a lone session on the shared cloud give
+    the same result, field for field, the trace's every step in the same order included (a
+    short prompt is one pass whatever `prefill_chunk`)."""
+    link = Link(bandwidth_bps=3e5, rtt_s=0.07, jitter_s=0.01, loss=0.05, seed=9)
+    spec = _session(pair, 2, method=method, link=link)
+    alone = simulate(
+        spec.edge,
+        spec.cloud,
+        spec.link,
+        spec.edge_profile,
+        CLOUD,
+        edge_executor=spec.edge_executor,
+        cloud_executor=spec.cloud_executor,
+        trace=True,
+    )
+    for chunk in (0, 16):
+        again = _session(pair, 2, method=method, link=link)
+        (shared,) = simulate_many([again], CLOUD, prefill_chunk=chunk, trace=True).sessions
+        assert shared.trace is not None and len(shared.trace) > 50
+        assert shared == alone, (method, chunk)
 
 
 def test_sessions_that_never_overlap_each_time_as_alone(pair) -> None:

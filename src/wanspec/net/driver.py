@@ -1,6 +1,6 @@
 """The asyncio driver: ONE protocol machine over one real connection, on the wall clock.
 
-The contract is the simulator's (`wanspec.sim.driver`), with sockets and threads for the virtual
+The contract is the simulator's (`wanspec.sim.request`), with sockets and threads for the virtual
 link and clock: the machine gets `Start`, then every decoded message as `MessageReceived` and
 every result as `ComputeDone`, and the driver carries out the actions it returns.
 

@@ -1,14 +1,6 @@
 """Drivers for the sans-IO protocols: the discrete-event simulator and its link/compute models."""
 
-from wanspec.sim.driver import (
-    EmitRecord,
-    SimResult,
-    SimulationDeadlock,
-    SimulationError,
-    SimulationTimeout,
-    TraceRecord,
-    simulate,
-)
+from wanspec.sim.driver import simulate
 from wanspec.sim.link import LINK_PRESETS, Channel, Link, Transmission, link_preset
 from wanspec.sim.many import BatchPass, EdgeSession, ManyResult, simulate_many
 from wanspec.sim.profiles import (
@@ -20,6 +12,14 @@ from wanspec.sim.profiles import (
     batch_seconds,
     load_profile,
     profile_from_dict,
+)
+from wanspec.sim.request import (
+    EmitRecord,
+    SimResult,
+    SimulationDeadlock,
+    SimulationError,
+    SimulationTimeout,
+    TraceRecord,
 )
 
 __all__ = [

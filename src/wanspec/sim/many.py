@@ -1,27 +1,29 @@
-"""Many edges, one cloud: several requests on one virtual clock, their cloud jobs batched.
+"""The simulator's event loop: requests on one virtual clock, their cloud jobs on one accelerator.
 
-Each edge session is what `simulate` runs alone: an edge machine, its cloud machine, its own
-link (own settings, own channels) and its own executors (its own KV-cache sessions). What the
-sessions share is the cloud's accelerator. It batches continuously, as `wanspec serve`'s model
-thread does, by the very same policy (`wanspec.models.batch_policy`): whenever it frees up it
-looks at the next job of every session that has one queued (one job per session per pass, since
-a session's jobs build on each other's cache), oldest first, and `next_pass` picks the pass: the
-oldest always, then each later `Forward` that keeps rows × the longest row within
-`max_batch_tokens` (a job that does not fit waits, a later smaller one may still join; any other
-job runs alone). The pass is priced by the cloud profile's `batch_seconds` (`T(tokens, sessions)`,
-see `wanspec.sim.profiles`). A `Forward` longer than `prefill_chunk` (a long prompt) takes one
-pass per piece (`prefill_pieces`), each piece going back to the end of the queue when its pass
-ends, as the server re-queues it; the job itself runs whole on the session's executor at its last
-piece, so its result is what it gets alone, and its `ComputeDone` comes when that piece ends.
+Each edge session is one request (`wanspec.sim.request.RequestRuntime`): an edge machine, its
+cloud machine, its own link (own settings, own channels) and its own executors (its own KV-cache
+sessions); `simulate` is one session here, alone. What the sessions share is the clock and the
+cloud's accelerator. It batches continuously, as `wanspec serve`'s model thread does, by the very
+same policy (`wanspec.models.batch_policy`): whenever it frees up it looks at the next job of
+every session that has one queued (one job per session per pass, since a session's jobs build on
+each other's cache), oldest first, and `next_pass` picks the pass: the oldest always, then each
+later `Forward` that keeps rows × the longest row within `max_batch_tokens` (a job that does not
+fit waits, a later smaller one may still join; any other job runs alone). The pass is priced by
+the cloud profile's `batch_seconds` (`T(tokens, sessions)`, see `wanspec.sim.profiles`); a job
+alone in its pass, by the profile's price of that job. A `Forward` longer than `prefill_chunk` (a
+long prompt) takes one pass per piece (`prefill_pieces`), each piece going back to the end of the
+queue when its pass ends, as the server re-queues it; the job itself runs whole on the session's
+executor at its last piece, so its result is what it gets alone, and its `ComputeDone` comes when
+that piece ends.
 
-Nothing here knows a protocol: each session is `wanspec.sim.driver`'s per-request bookkeeping
-(sending through the codec, link charging, emits, cancels) with its events on the shared clock
-and its cloud compute handed to the shared accelerator. Machines' outputs do not depend on
-timing, so a session's tokens for a seed are those it gets alone; with one session, or with
-sessions that never overlap, every time equals `simulate`'s (as long as no prompt is long enough
-to be fed in pieces; `prefill_chunk=0` feeds every prompt in one pass, as `simulate` does).
+With several sessions the accelerator looks for jobs after the events already due, so that jobs
+queued at one instant share a pass; a lone session's jobs start the moment they may, as on a
+device of its own. Nothing here knows a protocol, and machines' outputs do not depend on timing,
+so a session's tokens for a seed are those it gets alone; sessions that never overlap each time
+as alone (as long as no prompt is fed in pieces: `prefill_chunk=0` feeds every prompt in one
+pass, as `simulate` does).
 
-With `charge_cpu=True` each side's protocol CPU is charged as `simulate` charges it; the cloud
+With `charge_cpu=True` each side's protocol CPU is charged (`wanspec.sim.request`); the cloud
 sides of all sessions share one CPU time line, as a server's sessions share its one event loop.
 """
 
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any
 
 from wanspec.jobs import ComputeCost, Executor, Forward, Job, split_forward
@@ -40,19 +42,17 @@ from wanspec.models.batch_policy import (
     next_pass,
     padded_tokens,
 )
-from wanspec.protocols.base import Compute, Event, Side, Start, StateMachine
-from wanspec.sim.driver import (
+from wanspec.protocols.base import Compute, Event, Side, StateMachine
+from wanspec.sim.link import Link
+from wanspec.sim.profiles import Profile, batch_seconds, load_profile
+from wanspec.sim.request import (
+    ProtocolCpu,
+    RequestRuntime,
     SimResult,
     SimulationDeadlock,
     SimulationTimeout,
     SizeFn,
-    TraceRecord,
-    _Cpu,
-    _Side,
-    _Simulation,
 )
-from wanspec.sim.link import Link
-from wanspec.sim.profiles import Profile, batch_seconds, load_profile
 
 _CLOUD_WIDE = -1  # session index of the shared accelerator's own events
 
@@ -87,7 +87,8 @@ class BatchPass:
 @dataclass
 class ManyResult:
     """`sessions[i]` is session i's `SimResult` on its own clock (t = 0 at its start); its cloud
-    busy time counts every pass it rode in whole. `passes` are on the shared clock."""
+    busy time counts every pass it rode in whole. `passes` are on the shared clock; `events`
+    counts every event the loop handled, the accelerator's own included."""
 
     sessions: list[SimResult]
     starts: list[float]
@@ -109,30 +110,9 @@ class ManyResult:
         return sum(len(p.sessions) for p in self.passes) / len(self.passes) if self.passes else 0
 
 
-@dataclass
-class _PassPrice:
-    """The profile of a session's cloud side on a shared accelerator: a job alone costs what the
-    cloud profile says; a job in a batched pass costs the whole pass (`pass_s`)."""
-
-    profile: Profile
-    pass_s: float | None = None
-    charged_s: float = 0.0  # what the last job was charged
-
-    @property
-    def name(self) -> str:
-        return self.profile.name
-
-    @property
-    def source(self) -> str:
-        return self.profile.source
-
-    def seconds(self, cost: ComputeCost, wall_s: float | None = None) -> float:
-        self.charged_s = self.profile.seconds(cost, wall_s) if self.pass_s is None else self.pass_s
-        return self.charged_s
-
-
-class _Session(_Simulation):
-    """The single-request driver, with its clock, event queue and cloud compute shared."""
+class _Session:
+    """A request on the shared cloud: its runtime, and where its next cloud job stands in the
+    accelerator's queue (the passes it still takes, and its place when a pass re-queued it)."""
 
     def __init__(
         self,
@@ -143,50 +123,46 @@ class _Session(_Simulation):
         trace: bool,
         charge_cpu: bool = False,
     ) -> None:
-        self.price = _PassPrice(cloud.profile)
-        profiles = (load_profile(spec.edge_profile), self.price)
-        executors = (spec.edge_executor, spec.cloud_executor)
-        super().__init__(
-            spec.edge, spec.cloud, spec.link, profiles, executors, size_fn, trace, charge_cpu
+        self.index, self.prefill_chunk = index, cloud.prefill_chunk
+
+        def schedule(t: float, side: Side, event: Event) -> None:
+            cloud.push(t, index, side, event)
+
+        self.request = RequestRuntime(
+            spec.edge,
+            spec.cloud,
+            spec.link,
+            (load_profile(spec.edge_profile), cloud.profile),
+            (spec.edge_executor, spec.cloud_executor),
+            schedule=schedule,
+            cloud_ready=cloud.want_pass,
+            cloud_cpu=cloud.cpu,
+            size_fn=size_fn,
+            trace=trace,
+            charge_cpu=charge_cpu,
+            start_s=spec.start_s,
         )
-        self.sides["cloud"].cpu = cloud.cpu
-        self.index, self.shared, self.start_s = index, cloud, spec.start_s
-        self.queued_at: dict[int, float] = {}  # cloud job id -> when it (or its piece) queued
         self.pieces: list[ComputeCost] = []  # the queued job's passes still to come
         self.pieces_of: int | None = None  # the job id `pieces` belong to
         self.split = False  # that job is a long prefill fed in pieces
         self.put_back: int | None = None  # its place in the pass whose end re-queued its piece
 
-    def push(self, t: float, side: Side, event: Event) -> None:
-        self.shared.push(t, self.index, side, event)
+    def waiting(self, by: float) -> bool:
+        """A cloud job is queued by `by` (a handler charged CPU time queues it when it ends)
+        and this session's previous one is done."""
+        head = self.request.cloud_head()
+        return head is not None and head[1] <= by
 
-    def apply(self, side: _Side, action: Any) -> None:
-        if side.name == "cloud" and isinstance(action, Compute):
-            self.queued_at[action.job_id] = self.now
-        super().apply(side, action)
-
-    def start_next_compute(self, side: _Side) -> None:
-        if side.name == "cloud":
-            self.shared.want_pass(self.now)
-        else:
-            super().start_next_compute(side)
-
-    @property
-    def cloud(self) -> _Side:
-        return self.sides["cloud"]
-
-    def waiting(self) -> bool:
-        """A cloud job is queued (by now: a handler charged CPU time queues it when it ends) and
-        this session's previous one is done."""
-        if self.finish is not None or self.cloud.busy or not self.cloud.queue:
-            return False
-        return self.queued_at[self.cloud.queue[0].job_id] <= self.shared.now
+    def _head(self) -> tuple[Compute, float]:
+        head = self.request.cloud_head()
+        assert head is not None, "only a waiting session is in the queue"
+        return head
 
     def _passes(self) -> list[ComputeCost]:
         """The costs of the passes the queued job still takes: its own, or its pieces'."""
-        head = self.cloud.queue[0]
+        head, _ = self._head()
         if self.pieces_of != head.job_id:
-            self.pieces = _piece_costs(head.job, self.shared.prefill_chunk)
+            self.pieces = _piece_costs(head.job, self.prefill_chunk)
             self.pieces_of, self.split, self.put_back = head.job_id, len(self.pieces) > 1, None
         return self.pieces
 
@@ -196,58 +172,38 @@ class _Session(_Simulation):
 
     def queued(self) -> QueuedJob:
         """What the batching policy sees of this session's next pass."""
-        forward = isinstance(self.cloud.queue[0].job, Forward)
+        forward = isinstance(self._head()[0].job, Forward)
         return QueuedJob(self.next_cost().n if forward else 0, forward)
+
+    def queued_at(self) -> float:
+        return self._head()[1]
 
     def order(self) -> tuple[float, int, int]:
         """Queue order: when the next pass's job was queued; at one time, pieces the accelerator
         re-queued at a pass's end (in that pass's order) come before jobs by session index."""
         self._passes()
-        at = self.queued_at[self.cloud.queue[0].job_id]
+        at = self.queued_at()
         return (at, 0, self.put_back) if self.put_back is not None else (at, 1, self.index)
 
     @property
     def before_last_piece(self) -> bool:
         return len(self._passes()) > 1
 
-    def ride(self, now: float, pass_s: float | None) -> float:
-        """Start this session's next cloud pass, priced `pass_s` (None: its job alone, priced by
-        the profile): a piece before a long prefill's last only takes the time; the job itself
-        starts with its last piece. Returns what it was charged."""
-        self.now, self.price.pass_s = now, pass_s
+    def ride(self, at: float, pass_s: float | None) -> float:
+        """Start this session's next cloud pass at `at`, priced `pass_s` (None: its job alone,
+        priced by the profile): a piece before a long prefill's last only takes the time; the
+        job itself starts with its last piece. Returns what it was charged."""
         if self.before_last_piece and pass_s is not None:
-            return self._ride_piece(pass_s)
-        super().start_next_compute(self.cloud)
-        return self.price.charged_s
-
-    def _ride_piece(self, seconds: float) -> float:
-        head, cloud = self.cloud.queue[0], self.cloud
-        cost = self.pieces.pop(0)
-        kind = head.label or type(head.job).__name__
-        cloud.busy = True
-        cloud.busy_s += seconds
-        cloud.by_tag[kind] = cloud.by_tag.get(kind, 0.0) + seconds
-        self.record("cloud", "compute_piece", job=kind, cost=cost, seconds=seconds)
-        return seconds
+            self.request.start_cloud_piece(at, self.pieces.pop(0), pass_s)
+            return pass_s
+        return self.request.start_cloud_job(at, pass_s)
 
     def piece_done(self, now: float, place: int) -> None:
         """A piece's pass is over: the job's next piece goes back to the end of the queue (unless
         the job was cancelled meanwhile)."""
-        self.cloud.busy = False
-        if self.cloud.queue and self.cloud.queue[0].job_id == self.pieces_of:
-            self.queued_at[self.cloud.queue[0].job_id] = now
+        assert self.pieces_of is not None
+        if self.request.end_cloud_piece(now, self.pieces_of):
             self.put_back = place
-
-    def own_clock(self) -> SimResult:
-        """The result with every time relative to this session's start."""
-        res, t0 = self.result(), self.start_s
-        emits = [replace(e, t=e.t - t0) for e in res.emits]
-        trace = None if res.trace is None else [_shift(r, t0) for r in res.trace]
-        return replace(res, duration_s=res.duration_s - t0, emits=emits, trace=trace)
-
-
-def _shift(record: TraceRecord, t0: float) -> TraceRecord:
-    return replace(record, t=record.t - t0)
 
 
 def _piece_costs(job: Job, prefill_chunk: int) -> list[ComputeCost]:
@@ -280,7 +236,8 @@ class _LateKick:
 
 
 class _SharedCloud:
-    """The shared clock, event queue and accelerator of all sessions."""
+    """The one event loop: the clock and event queue of all sessions, the accelerator their
+    cloud jobs share, and the protocol CPU their cloud handlers share (the server's)."""
 
     def __init__(self, profile: Profile, max_batch_tokens: int, prefill_chunk: int) -> None:
         self.profile, self.max_batch_tokens = profile, max_batch_tokens
@@ -292,14 +249,24 @@ class _SharedCloud:
         self.now = 0.0
         self.in_pass = self.kick_due = False
         self.passes: list[BatchPass] = []
-        self.cpu = _Cpu()  # the server's event loop: every session's cloud handlers
+        self.cpu = ProtocolCpu()  # every session's cloud handlers
+
+    @property
+    def alone(self) -> bool:
+        """One session: no other job could ever join its job's pass."""
+        return len(self.sessions) == 1
 
     def push(self, t: float, index: int, side: Side, event: Any) -> None:
         heapq.heappush(self.heap, _Entry(t, self.seq, index, side, event))
         self.seq += 1
 
     def want_pass(self, t: float) -> None:
-        if t > self.now:  # queued at the end of a charged handler
+        """A session's cloud side may have a job to start from `t`. Alone, it starts at once, as
+        on a device of its own; else after the events already due now (so jobs queued at one
+        instant share a pass), or at `t` when a handler charged CPU time queued it later."""
+        if self.alone:
+            self.start_pass(t)
+        elif t > self.now:
             self.push(t, _CLOUD_WIDE, "cloud", _LateKick())
         elif not self.in_pass and not self.kick_due:
             self.kick_due = True
@@ -307,10 +274,8 @@ class _SharedCloud:
 
     def run(self, max_time: float, max_events: int) -> None:
         for s in self.sessions:
-            s.now = s.start_s
-            self.push(s.start_s, s.index, "cloud", Start())
-            self.push(s.start_s, s.index, "edge", Start())
-        while any(s.finish is None for s in self.sessions):
+            s.request.start()
+        while any(not s.request.finished for s in self.sessions):
             if not self.heap:
                 raise SimulationDeadlock(self._deadlock_message())
             entry = heapq.heappop(self.heap)
@@ -320,13 +285,23 @@ class _SharedCloud:
 
     def _check_limits(self, entry: _Entry, max_time: float, max_events: int) -> None:
         if entry.t > max_time:
+            unfinished = sum(not s.request.finished for s in self.sessions)
+            who = "the edge" if self.alone else f"{unfinished} sessions"
             raise SimulationTimeout(
-                f"virtual time passed max_time={max_time} s (next event at {entry.t:.6g} s) "
-                f"with {sum(s.finish is None for s in self.sessions)} sessions unfinished"
+                f"virtual time passed max_time={max_time} s (next event at {entry.t:.6g} s: "
+                f"{self._describe(entry)}) before {who} finished"
             )
         self.events += 1
         if self.events > max_events:
-            raise SimulationTimeout(f"more than max_events={max_events} events; a livelock?")
+            raise SimulationTimeout(
+                f"more than max_events={max_events} events by t={entry.t:.6g} s; a livelock?"
+            )
+
+    def _describe(self, entry: _Entry) -> str:
+        name = type(entry.event).__name__.lstrip("_")
+        if entry.index == _CLOUD_WIDE:
+            return f"the accelerator's {name}"
+        return f"{name} to {entry.side}" + ("" if self.alone else f" of session {entry.index}")
 
     def _handle(self, entry: _Entry) -> None:
         if entry.index == _CLOUD_WIDE:
@@ -337,45 +312,43 @@ class _SharedCloud:
                 for place, session in enumerate(self.in_pieces):
                     session.piece_done(self.now, place)
                 self.in_pieces = []
-            self.start_pass()
+            self.start_pass(self.now)
             return
-        session = self.sessions[entry.index]
-        if session.finish is not None:  # alone, the run would have ended at its Finish
-            return
-        session.now = entry.t
-        session.events += 1
-        session.dispatch(session.sides[entry.side], entry.event)
+        self.sessions[entry.index].request.handle(entry.t, entry.side, entry.event)
 
-    def start_pass(self) -> None:
+    def start_pass(self, at: float) -> None:
+        """Start the next pass at `at`, if the accelerator is free and a job waits."""
         if self.in_pass:
             return
-        riders = self._pick_riders()
+        riders = self._pick_riders(at)
         if not riders:
             return
         costs = [s.next_cost() for s in riders]
         priced = len(riders) > 1 or riders[0].split  # else the profile prices the job alone
         pass_s = batch_seconds(self.profile, costs) if priced else None
-        waits = tuple(self.now - s.queued_at.pop(s.cloud.queue[0].job_id) for s in riders)
+        waits = tuple(at - s.queued_at() for s in riders)
         self.in_pieces = [s for s in riders if s.before_last_piece]
-        charged = [s.ride(self.now, pass_s) for s in riders]
+        charged = [s.ride(at, pass_s) for s in riders]
         seconds = max(charged)
         rows = [c.n for c in costs if c.kind != "cpu"]
         indices = tuple(s.index for s in riders)
-        self.passes.append(
-            BatchPass(self.now, seconds, indices, sum(rows), waits, padded_tokens(rows))
-        )
+        self.passes.append(BatchPass(at, seconds, indices, sum(rows), waits, padded_tokens(rows)))
+        if self.alone and not self.in_pieces:
+            return  # its job's ComputeDone frees the accelerator: the session is busy till then
         self.in_pass = True
-        self.push(self.now + seconds, _CLOUD_WIDE, "cloud", _PassEnd())
+        self.push(at + seconds, _CLOUD_WIDE, "cloud", _PassEnd())
 
-    def _pick_riders(self) -> list[_Session]:
-        """The sessions whose next jobs `batch_policy.next_pass` puts in the next pass, in queue
-        order (oldest first)."""
-        waiting = sorted((s for s in self.sessions if s.waiting()), key=_Session.order)
+    def _pick_riders(self, at: float) -> list[_Session]:
+        """The sessions whose next jobs `batch_policy.next_pass` puts in the pass starting at
+        `at`, in queue order (oldest first)."""
+        waiting = sorted((s for s in self.sessions if s.waiting(at)), key=_Session.order)
         chosen = next_pass([s.queued() for s in waiting], self.max_batch_tokens)
         return [waiting[i] for i in chosen]
 
     def _deadlock_message(self) -> str:
-        stuck = [s.index for s in self.sessions if s.finish is None]
+        if self.alone:
+            return self.sessions[0].request.deadlock_message()
+        stuck = [s.index for s in self.sessions if not s.request.finished]
         return (
             f"deadlock at t={self.now:.6g} s: nothing in flight and sessions {stuck} have not "
             "finished"
@@ -401,8 +374,9 @@ def simulate_many(
     batched pass (a table profile; "measured" prices only what it measures, so with it a prompt
     is never fed in pieces). `max_batch_tokens` and `prefill_chunk` mean what they mean to
     `wanspec serve` (0: one job per pass; a prompt in one pass). `charge_cpu` charges the
-    machines' protocol CPU as `simulate` does, the sessions' cloud handlers on one shared time
-    line. Raises as `simulate` does: SimulationDeadlock, SimulationTimeout.
+    machines' protocol CPU (`wanspec.sim.request`), the sessions' cloud handlers on one shared
+    time line. Raises SimulationDeadlock if everything goes idle before every edge finished,
+    SimulationTimeout past max_time virtual seconds or max_events events.
     """
     if not sessions:
         raise ValueError("simulate_many needs at least one session")
@@ -423,8 +397,9 @@ def simulate_many(
         _check_session(i, spec)
         cloud.sessions.append(_Session(i, spec, cloud, size_fn, trace, charge_cpu))
     cloud.run(max_time, max_events)
-    results = [s.own_clock() for s in cloud.sessions]
-    return ManyResult(results, [s.start_s for s in cloud.sessions], cloud.passes, cloud.events)
+    results = [s.request.result() for s in cloud.sessions]
+    starts = [s.request.start_s for s in cloud.sessions]
+    return ManyResult(results, starts, cloud.passes, cloud.events)
 
 
 def _check_session(index: int, spec: EdgeSession) -> None:
