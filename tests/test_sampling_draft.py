@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from wanspec.sampling import PROB_SCALE, SamplingParams, quantize, warp_probs
-from wanspec.sampling.draft import MAX_CANDIDATES, EmptyDraftRowError, draft_row
+from wanspec.sampling.draft import MAX_CANDIDATES, EmptyDraftRowError, draft_row, draft_rows
+from wanspec.sampling.quant import quantize_rows
 
 WARPS = [
     SamplingParams(),
@@ -112,3 +113,33 @@ def test_alternatives_are_the_rows_own_top_f_of_allowed_tokens(few: bool) -> Non
     brute = [int(i) for i in torch.topk(masked, limit + 1).indices if int(i) != exclude][:limit]
     assert got.ranked(limit, exclude) == brute
     assert (got.source is not None) == few  # the row is kept only when it may be needed
+
+
+@pytest.mark.parametrize("params", WARPS, ids=repr)
+def test_a_row_gets_the_same_law_alone_and_inside_a_tree_pass_block(params: SamplingParams) -> None:
+    """A tree node's token must be the token a redraft of the same row would draw (the keyed
+    streams rely on it): each row of a block gets, bit for bit, the law it gets alone, whatever
+    the other rows hold, including rows whose top candidates are all disallowed."""
+    width = 3000
+    block = torch.stack([_row(width, seed=20 + i, scale=1.0 + i) for i in range(6)])
+    allowed = np.ones(width, dtype=bool)
+    allowed[torch.topk(block[2], 300).indices.numpy()] = False  # row 2: no top candidate allowed
+    to_ids = np.random.default_rng(3).permutation(2 * width)[:width]
+    kwargs = {"allowed": allowed, "to_ids": to_ids, "width": 2 * width, "ranks": 4}
+    together = draft_rows(block, params, **kwargs)
+    for i, got in enumerate(together):
+        alone = draft_row(block[i], params, **kwargs)
+        np.testing.assert_array_equal(got.ids, alone.ids)
+        np.testing.assert_array_equal(got.counts, alone.counts)
+        np.testing.assert_array_equal(got.logits, alone.logits)
+        assert got.counts.sum() == PROB_SCALE and np.isin(got.ids, to_ids[allowed]).all()
+
+
+def test_rows_are_rounded_as_quantize_rounds_each_one() -> None:
+    rng = np.random.default_rng(9)
+    probs = rng.dirichlet(np.full(40, 0.3), size=50)
+    probs[:, ::7] = 0.0
+    counts = quantize_rows(probs, PROB_SCALE)
+    for row, got in zip(probs, counts, strict=True):
+        np.testing.assert_array_equal(got, quantize(row, PROB_SCALE))
+    assert (counts[:, ::7] == 0).all()

@@ -44,15 +44,17 @@ PHASES: dict[str, list[str]] = {
         "wanspec.sampling.target:target_probs",
         "wanspec.sampling.target:target_counts",
         "wanspec.sampling.draft:draft_row",
+        "wanspec.sampling.draft:draft_rows",
     ],
     "projection": [
         "wanspec.vocab.alignment:VocabAlignment.project_draft_logits",
         "wanspec.vocab.alignment:VocabAlignment.project_draft",
-        "wanspec.sampling.draft:_top",  # the draft's candidates, restricted to C
+        "wanspec.sampling.draft:_candidates",  # the draft's candidates, restricted to C
         "wanspec.protocols.schemes:Hybrid.spread",
     ],
     "rounding": [
         "wanspec.sampling.quant:quantize",
+        "wanspec.sampling.quant:quantize_rows",
         "wanspec.sampling.quant:round_probs",
         "wanspec.sampling.quant:dequantize",
         "wanspec.sampling.resample:hybrid_bins",

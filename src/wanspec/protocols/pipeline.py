@@ -135,9 +135,12 @@ class PipelineEdge(SpecEdge):
         """Draw the draft token at output `position` from its own keyed stream and append it
         (with its draft id, p(x) and p) to a chain."""
         row = self._draft_row(logits, ranks=self._rank_limit)
+        self._append_keyed(chain, row, position)
+        return row
+
+    def _append_keyed(self, chain: Round | Branch, row: DraftRow, position: int) -> None:
         self._append_draft(chain, row.draw(draft_rng(self.settings.seed, position)), row)
         chain.keys.append(position)
-        return row
 
     @property
     def _rank_limit(self) -> int:
@@ -190,7 +193,8 @@ class PipelineEdge(SpecEdge):
         """One tree pass is back: extend every branch, then draft on, or end a stall."""
         spec = self.spec
         assert spec is not None
-        for branch, row in zip(spec.branches, rows, strict=True):
+        drafted = self._draft_rows(rows, ranks=self._rank_limit)
+        for branch, row in zip(spec.branches, drafted, strict=True):
             self._extend_branch(spec, branch, row)
         spec.passes_done += 1
         if spec.passes_done < spec.passes_planned:
@@ -201,11 +205,11 @@ class PipelineEdge(SpecEdge):
             return self._continue(key)
         return []
 
-    def _extend_branch(self, spec: Speculation, branch: Branch, logits: Any) -> None:
+    def _extend_branch(self, spec: Speculation, branch: Branch, row: DraftRow) -> None:
         # from the speculation's base, not `generated`: a verdict may commit tokens while the
         # tree is still being drafted, and the keyed stream must not shift with that timing
         position = spec.base + branch.start + len(branch.tokens)
-        self._draft_into(branch, logits, position)
+        self._append_keyed(branch, row, position)
 
     # ---- the verdict
     def on_reply(self, msg: Any) -> list[Action]:

@@ -41,7 +41,7 @@ from wanspec.sampling import (
     target_probs,
     verify_chain,
 )
-from wanspec.sampling.draft import DraftRow, EmptyDraftRowError, draft_row
+from wanspec.sampling.draft import DraftRow, EmptyDraftRowError, draft_rows
 from wanspec.sampling.target import valid_mask
 from wanspec.vocab import DraftRetokenizer, NoCommonMassError, VocabAlignment
 
@@ -159,9 +159,13 @@ class SpecEdge(EdgeMachine):
 
     def _draft_row(self, logits: Any, ranks: int = 0) -> DraftRow:
         """p̃ at one drafted position over the target's ids (TLI: common tokens only)."""
+        return self._draft_rows(logits.reshape(1, -1), ranks)[0]
+
+    def _draft_rows(self, logits: Any, ranks: int = 0) -> list[DraftRow]:
+        """p̃ at each row of a block of draft logits (one tree pass's nodes), in one go."""
         alignment = self.alignment
         try:
-            return draft_row(
+            return draft_rows(
                 logits,
                 self.draft_params,
                 allowed=alignment.draft_in_common,

@@ -16,12 +16,13 @@ With too few allowed candidates, the row is kept and ranked with one more top-k,
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from wanspec.sampling.quant import PROB_SCALE, Counts, dequantize, quantize, sample
+from wanspec.sampling.quant import PROB_SCALE, Counts, dequantize, quantize_rows, sample
 from wanspec.sampling.warps import SamplingParams, warp_probs
 
 MAX_CANDIDATES = 256  # the tokens a drafted position proposes from (unless a top-k asks for more)
@@ -87,49 +88,79 @@ def draft_row(
     width: int | None = None,
     ranks: int = 0,
 ) -> DraftRow:
-    """p̃ at one position from a 1-D row of draft logits.
+    """p̃ at one position from a 1-D row of draft logits: `draft_rows` of one row, so a token
+    drafted alone and the same row drafted inside a tree pass get the same law bit for bit."""
+    rows = logits.detach().reshape(1, -1)
+    return draft_rows(rows, params, allowed=allowed, to_ids=to_ids, width=width, ranks=ranks)[0]
+
+
+def draft_rows(
+    logits: torch.Tensor,
+    params: SamplingParams,
+    *,
+    allowed: np.ndarray | None = None,
+    to_ids: np.ndarray | None = None,
+    width: int | None = None,
+    ranks: int = 0,
+) -> list[DraftRow]:
+    """p̃ at each row of a [rows, V] block of draft logits (a tree pass's nodes), in one top-k,
+    one warp and one rounding over the whole block.
 
     `allowed` marks the row indices the draft may propose (None: all), `to_ids` maps a row index
     to the id the protocol speaks (the draft → target map across vocabularies; None when they
     are the same) and `width` is that id space's width. `ranks`: how many alternatives `ranked`
-    may be asked for (the candidates then number at least `ranks` + 1 when the row allows)."""
-    row = logits.detach().to(torch.float32).reshape(-1)
-    wanted = min(max(MAX_CANDIDATES, params.top_k, ranks + 1), row.shape[0])
-    values, index = _top(row, wanted, allowed)
-    source = None
-    if len(index) <= ranks:
-        source = row if allowed is None else _masked(row, allowed)
-    probs = warp_probs(values.unsqueeze(0), params)[0].numpy()
-    ids = _as_ids(index, to_ids)
-    order = np.argsort(ids, kind="stable")
-    return DraftRow(
-        ids=ids[order],
-        counts=quantize(probs[order], PROB_SCALE),
-        logits=values.numpy()[order].astype(np.float64),
-        width=row.shape[0] if width is None else width,
-        source=source,
-        to_ids=to_ids,
-    )
+    may be asked for (the candidates then number at least `ranks` + 1 when the row allows).
+    Each row's numbers depend on that row alone, never on the others in the block."""
+    block = logits.detach().to(torch.float32)
+    if block.ndim != 2 or block.shape[0] == 0:
+        raise ValueError(f"draft_rows expects logits [rows, V], got {tuple(block.shape)}")
+    wanted = min(max(MAX_CANDIDATES, params.top_k, ranks + 1), block.shape[1])
+    values, index_np, keep = _candidates(block, wanted, allowed)
+    probs = warp_probs(values.masked_fill(torch.from_numpy(~keep), -math.inf), params).numpy()
+    ids = _as_ids(index_np, to_ids)
+    # every row's candidates in ascending id order, the dropped ones after them
+    order = np.argsort(np.where(keep, ids, np.iinfo(np.int64).max), axis=1, kind="stable")
+    ids, probs, keep = (np.take_along_axis(a, order, axis=1) for a in (ids, probs, keep))
+    counts = quantize_rows(np.where(keep, probs, 0.0), PROB_SCALE)
+    raw = np.take_along_axis(values.numpy(), order, axis=1).astype(np.float64)
+    kept = keep.sum(axis=1)
+    full = block.shape[1] if width is None else width
+    out = []
+    for i, n in enumerate(kept.tolist()):
+        source = None
+        if n <= ranks:
+            source = block[i] if allowed is None else _masked(block[i], allowed)
+        out.append(DraftRow(ids[i, :n], counts[i, :n], raw[i, :n], full, source, to_ids))
+    return out
 
 
-def _top(
-    row: torch.Tensor, wanted: int, allowed: np.ndarray | None
-) -> tuple[torch.Tensor, np.ndarray]:
-    """The candidates: the `wanted` largest logits of the row, those not allowed dropped (TLI);
-    when none of them is allowed, the `wanted` largest allowed ones."""
-    values, index = torch.topk(row, wanted)
+def _candidates(
+    block: torch.Tensor, wanted: int, allowed: np.ndarray | None
+) -> tuple[torch.Tensor, np.ndarray, np.ndarray]:
+    """Each row's `wanted` largest logits, their row indices, and which of them the draft may
+    propose (finite, and allowed: TLI); a row with none gets its best allowed ones instead."""
+    values, index = torch.topk(block, wanted)
     index_np = index.numpy()
+    keep = np.isfinite(values.numpy())
     if allowed is not None:
-        keep = allowed[index_np]
-        if not keep.any():
-            values, index = torch.topk(_masked(row, allowed), wanted)
-            index_np = index.numpy()
-            keep = allowed[index_np]
-        values, index_np = values[torch.from_numpy(keep)], index_np[keep]
-    finite = torch.isfinite(values)
-    if not bool(finite.any()):
+        keep &= allowed[index_np]
+    for i in np.flatnonzero(~keep.any(axis=1)):
+        values[i], index[i], keep[i] = _top_allowed(block[i], wanted, allowed)
+        index_np[i] = index[i].numpy()
+    return values, index_np, keep
+
+
+def _top_allowed(
+    row: torch.Tensor, wanted: int, allowed: np.ndarray | None
+) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """The `wanted` largest allowed logits of a row none of whose top candidates is allowed."""
+    if allowed is None:
+        raise EmptyDraftRowError("the draft row has no finite logit")
+    values, index = torch.topk(_masked(row, allowed), wanted)
+    keep = np.isfinite(values.numpy()) & allowed[index.numpy()]
+    if not keep.any():
         raise EmptyDraftRowError("the draft row has no finite logit on a token it may propose")
-    return values[finite], index_np[finite.numpy()]
+    return values, index, keep
 
 
 def _masked(row: torch.Tensor, allowed: np.ndarray) -> torch.Tensor:

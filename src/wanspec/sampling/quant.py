@@ -52,6 +52,20 @@ def quantize(probs: np.ndarray | torch.Tensor, scale: int = PROB_SCALE) -> Count
     return counts
 
 
+def quantize_rows(probs: np.ndarray, scale: int) -> np.ndarray:
+    """`quantize` for each row of a [rows, n] block of probabilities at once (a tree pass's
+    draft rows): ties to the lower index, and a zero probability stays zero. A full sort per row,
+    so meant for narrow rows (candidates); `quantize` selects partially over a wide one."""
+    scaled = probs / probs.sum(axis=1, keepdims=True) * scale
+    counts = np.floor(scaled).astype(np.int64)
+    deficit = scale - counts.sum(axis=1, keepdims=True)
+    fractions = np.where(probs > 0, scaled - counts, -1.0)
+    rank = np.empty_like(counts)
+    order = np.argsort(-fractions, axis=1, kind="stable")
+    np.put_along_axis(rank, order, np.arange(probs.shape[1])[None, :], axis=1)
+    return counts + (rank < deficit)
+
+
 def dequantize(counts: Counts, bits: int = 16) -> np.ndarray:
     """counts / (2^bits − 1) in float64: the probabilities both sides decide with."""
     return np.asarray(counts, dtype=np.int64) / float(scale_of(bits))
