@@ -30,7 +30,14 @@ def test_the_protocols_load_no_model_code() -> None:
 
 
 @pytest.mark.parametrize(
-    "module", ["wanspec.jobs", "wanspec.models.batch_policy", "wanspec.wire", "wanspec.link"]
+    "module",
+    [
+        "wanspec.jobs",
+        "wanspec.models.batch_policy",
+        "wanspec.wire",
+        "wanspec.link",
+        "wanspec.runtime",
+    ],
 )
 def test_plain_data_modules_need_nothing_but_numpy(module: str) -> None:
     assert _loaded_after(f"import {module}", ("torch", "transformers")) == []
@@ -47,6 +54,7 @@ FLOORS = {
     "link": 1,
     "models": 1,
     "protocols": 2,
+    "runtime": 2,
     "sim": 3,
     "net": 3,
     "api": 4,

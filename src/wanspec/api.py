@@ -17,7 +17,6 @@ from wanspec.protocols.endpoints import TargetInfo
 from wanspec.protocols.registry import get_method, make_cloud, make_edge, target_info
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sim import (
-    EmitRecord,
     Link,
     MeasuredProfile,
     Profile,
@@ -362,26 +361,6 @@ def _generate_remote(
         draft, name = _load_lm(pair, torch.float32, None)
         edge = load_edge(draft, target_tokenizer, server, options, draft_name=name)
     run = generate_remote(edge, prompt, method, gen, server, options)
-    stats = _stats(method, _wall_record(run), run.edge, None)
+    stats = _stats(method, run.record(), run.edge, None)
     stats.update(run.transport_stats())
     return GenerationResult(edge.decode(run.tokens), run.tokens, stats)
-
-
-def _wall_record(run: Any) -> SimResult:
-    """A network run in the simulator's record shape (wall-clock seconds), so that one `_stats`
-    describes both."""
-    drive, by_type = run.drive, run.by_type()
-    return SimResult(
-        finish_reason=drive.finish_reason,
-        duration_s=drive.duration_s,
-        emits=[EmitRecord(t, "edge", ids) for t, ids in drive.emits],
-        bits={"up": run.sent.payload_bits, "down": run.received.payload_bits},
-        messages={"up": run.sent.messages, "down": run.received.messages},
-        bits_by_type={kind: bits for kind, (_, bits) in by_type.items()},
-        messages_by_type={kind: count for kind, (count, _) in by_type.items()},
-        compute_busy_s={"edge": sum(drive.compute_s.values())},
-        compute_by_tag={"edge": dict(drive.compute_s)},
-        computes={"edge": sum(drive.computes.values())},
-        retransmissions={"up": 0, "down": 0},
-        events=drive.events,
-    )

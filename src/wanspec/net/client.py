@@ -41,6 +41,7 @@ from wanspec.protocols.base import PROTOCOL_VERSION, ErrorCode
 from wanspec.protocols.endpoints import EdgeMachine
 from wanspec.protocols.registry import get_method, make_edge, table_fingerprint
 from wanspec.protocols.settings import GenerationSettings
+from wanspec.runtime import EmitRecord, SimResult
 from wanspec.vocab import TokenTable, VocabAlignment
 
 Address = tuple[str, int]
@@ -327,6 +328,25 @@ class RemoteRun:
             had = table.get(kind, (0, 0))
             table[kind] = (had[0] + count, had[1] + bits)
         return table
+
+    def record(self) -> SimResult:
+        """This run as the simulator records one (wall-clock seconds; compute on the edge only),
+        so one description of a run (`wanspec.api.generate`'s stats) reads both."""
+        drive, by_type = self.drive, self.by_type()
+        return SimResult(
+            finish_reason=drive.finish_reason,
+            duration_s=drive.duration_s,
+            emits=[EmitRecord(t, "edge", ids) for t, ids in drive.emits],
+            bits={"up": self.sent.payload_bits, "down": self.received.payload_bits},
+            messages={"up": self.sent.messages, "down": self.received.messages},
+            bits_by_type={kind: bits for kind, (_, bits) in by_type.items()},
+            messages_by_type={kind: count for kind, (count, _) in by_type.items()},
+            compute_busy_s={"edge": sum(drive.compute_s.values())},
+            compute_by_tag={"edge": dict(drive.compute_s)},
+            computes={"edge": sum(drive.computes.values())},
+            retransmissions={"up": 0, "down": 0},
+            events=drive.events,
+        )
 
     def transport_stats(self) -> dict[str, Any]:
         """What the transport adds to the protocol's payload bits, and how long connecting took.

@@ -14,6 +14,8 @@ every result as `ComputeDone`, and the driver carries out the actions it returns
   interleave one by one, and each driver still sees its own in order.
 - `Cancel` drops a queued job, or ignores the result of the running one.
 - `Emit` records the tokens with their time (and calls `on_emit`); `Finish` ends the run.
+- The queue, the cancels, the emits and the tallies are the simulator's own bookkeeping
+  (`wanspec.runtime.SideRuntime`); this driver adds the socket, the worker and the clock.
 - Messages and results are stamped (`at`) with the seconds since `Start` when they arrived or
   ended, which a machine may use to steer effort (AceSpec's budget), never what it samples.
 
@@ -45,19 +47,18 @@ from wanspec.jobs import Job
 from wanspec.net.framing import ConnectionClosed, MessageStream
 from wanspec.protocols.base import (
     Action,
-    Cancel,
     Compute,
     ComputeDone,
     Emit,
     ErrorCode,
     Event,
-    Finish,
     MessageReceived,
     ProtocolError,
     Send,
     Start,
     StateMachine,
 )
+from wanspec.runtime import SideRuntime, job_label
 
 JobRunner = Callable[[Job], Any]
 Inspector = Callable[[wire.Message], None]
@@ -151,12 +152,6 @@ def _timed(run_job: JobRunner, job: Job) -> tuple[Any, float]:
     return run_job(job), time.perf_counter() - began
 
 
-def _tally(table: dict[str, tuple[int, int]], msg: Any, frame_bytes: int) -> None:
-    kind = type(msg).__name__
-    count, bits = table.get(kind, (0, 0))
-    table[kind] = (count + 1, bits + 8 * frame_bytes)
-
-
 class _Run:
     """The state of one `drive` call."""
 
@@ -175,20 +170,17 @@ class _Run:
         self.loop = asyncio.get_running_loop()
         self.t0 = self.loop.time()
         self.events: asyncio.Queue[Any] = asyncio.Queue(maxsize=8)  # a flooding peer waits
-        self.jobs: asyncio.Queue[Compute] = asyncio.Queue()
-        self.outstanding: set[int] = set()  # asked for, result not yet handled
-        self.cancelled: set[int] = set()
-        self.finish: str | None = None
+        self.side = SideRuntime(machine.side)  # job queue, cancels, emits, finish, tallies
+        self.job_queued = asyncio.Event()  # wakes the worker
         self.closed: str | None = None  # why the peer's side ended cleanly, once it has
         self.peer_error: wire.Error | None = None
         self.unanswered = 0
-        self.emits: list[tuple[float, tuple[int, ...]]] = []
-        self.compute_s: dict[str, float] = {}
-        self.computes: dict[str, int] = {}
         self.handle_cpu_s = 0.0
         self.n_events = 0
-        self.sent_by_type: dict[str, tuple[int, int]] = {}
-        self.received_by_type: dict[str, tuple[int, int]] = {}
+
+    @property
+    def finish(self) -> str | None:
+        return self.side.finish
 
     def now(self) -> float:
         return self.loop.time() - self.t0
@@ -201,7 +193,7 @@ class _Run:
             while True:
                 before = stream.received.payload_bits
                 msg = await receive(stream)
-                _tally(self.received_by_type, msg, (stream.received.payload_bits - before) // 8)
+                self.side.received.add(msg, stream.received.payload_bits - before)
                 await self.events.put(MessageReceived(msg, self.now()))
         except PeerGone as gone:
             await self.events.put(_Closed(str(gone), clean=isinstance(gone, PeerClosed)))
@@ -211,11 +203,12 @@ class _Run:
     async def work(self) -> None:
         """Run queued jobs one at a time, in order; hand each result back as an event."""
         while True:
-            action = await self.jobs.get()
-            if action.job_id in self.cancelled:
-                self.cancelled.discard(action.job_id)
+            if not self.side.queue:
+                self.job_queued.clear()
+                await self.job_queued.wait()
                 continue
-            label = action.label or type(action.job).__name__
+            action = self.side.start_next()
+            label = job_label(action)
             try:
                 result, seconds = await self.loop.run_in_executor(
                     self.executor, _timed, self.run_job, action.job
@@ -224,19 +217,16 @@ class _Run:
                 exc.add_note(f"in compute {label} #{action.job_id}")
                 await self.events.put(_JobFailed(exc))
                 return
-            self.compute_s[label] = self.compute_s.get(label, 0.0) + seconds
-            self.computes[label] = self.computes.get(label, 0) + 1
-            if action.job_id in self.cancelled:
-                self.cancelled.discard(action.job_id)
-                continue
-            await self.events.put(ComputeDone(action.job_id, result, self.now()))
+            self.side.charge(label, seconds)
+            if self.side.end_job(action.job_id):  # else cancelled while it ran
+                await self.events.put(ComputeDone(action.job_id, result, self.now()))
 
     # ------------------------------------------------------------------ the loop
     async def next_event(self) -> Event:
         """The next event for the machine. A peer that closed its side cleanly is gone once
         the machine waits for it with nothing left to compute (until then it may still read)."""
         while True:
-            if self.closed is not None and not self.outstanding and self.events.empty():
+            if self.closed is not None and not self.side.awaiting_results and self.events.empty():
                 raise PeerGone(self.closed)
             event = await self.wait_event()
             if not isinstance(event, _Closed):
@@ -253,7 +243,7 @@ class _Run:
     async def wait_event(self) -> Any:
         limits = self.limits
         timeouts: list[float] = []
-        if limits.idle_timeout_s is not None and not self.outstanding:
+        if limits.idle_timeout_s is not None and not self.side.awaiting_results:
             timeouts.append(limits.idle_timeout_s)
         if limits.deadline_s is not None:
             timeouts.append(max(0.0, limits.deadline_s - self.now()))
@@ -272,8 +262,6 @@ class _Run:
     async def handle(self, event: Event) -> None:
         if isinstance(event, MessageReceived):
             self.check_message(event.msg)
-        elif isinstance(event, ComputeDone):
-            self.outstanding.discard(event.job_id)
         self.n_events += 1
         began = time.thread_time()
         actions = self.machine.handle(event)
@@ -296,24 +284,14 @@ class _Run:
             self.inspect(msg)
 
     async def apply(self, action: Action) -> None:
+        msg = self.side.apply(action, self.now())
         if isinstance(action, Send):
-            await self.send(action.msg)
+            await self.send(msg)
             self.unanswered = 0
         elif isinstance(action, Compute):
-            self.outstanding.add(action.job_id)
-            self.jobs.put_nowait(action)
-        elif isinstance(action, Cancel):
-            self.outstanding.discard(action.job_id)
-            self.cancelled.add(action.job_id)
-        elif isinstance(action, Emit):
-            tokens = tuple(int(t) for t in action.token_ids)
-            self.emits.append((self.now(), tokens))
-            if self.on_emit is not None:
-                self.on_emit(tokens)
-        elif isinstance(action, Finish):
-            self.finish = action.reason
-        else:
-            raise TypeError(f"the machine returned an unknown action {action!r}")
+            self.job_queued.set()
+        elif isinstance(action, Emit) and self.on_emit is not None:
+            self.on_emit(self.side.emits[-1].token_ids)
 
     async def send(self, msg: wire.Message) -> None:
         timeout = self.limits.write_timeout_s
@@ -324,27 +302,28 @@ class _Run:
             raise SendStalled(f"the peer read nothing for {timeout:g} s") from None
         except OSError as exc:  # resets, broken pipes, TLS failures
             raise PeerGone(f"connection lost while sending: {exc}") from None
-        _tally(self.sent_by_type, msg, size)
+        self.side.sent.add(msg, 8 * size)
 
     async def refuse(self, error: ProtocolError) -> None:
         """Tell the peer why the session ends; if it cannot be told, it is gone anyway."""
-        self.finish = f"error: {error}"
+        self.side.finish = f"error: {error}"
         with contextlib.suppress(SessionAborted):
             await self.send(error.to_wire())
 
     def result(self) -> DriveResult:
-        assert self.finish is not None
+        side = self.side
+        assert side.finish is not None
         return DriveResult(
-            finish_reason=self.finish,
+            finish_reason=side.finish,
             duration_s=self.now(),
-            emits=self.emits,
+            emits=[(e.t, e.token_ids) for e in side.emits],
             peer_error=self.peer_error,
-            compute_s=self.compute_s,
-            computes=self.computes,
+            compute_s=side.compute_s,
+            computes=side.computes,
             handle_cpu_s=self.handle_cpu_s,
             events=self.n_events,
-            sent_by_type=self.sent_by_type,
-            received_by_type=self.received_by_type,
+            sent_by_type=side.sent.pairs(),
+            received_by_type=side.received.pairs(),
         )
 
 
@@ -377,7 +356,7 @@ async def drive(
     try:
         await run.handle(Start())
         for msg in first:
-            _tally(run.received_by_type, msg, len(wire.encode(msg, stream.limits)))
+            run.side.received.add(msg, 8 * len(wire.encode(msg, stream.limits)))
             if run.finish is None:
                 await run.handle(MessageReceived(msg, run.now()))
         while run.finish is None:

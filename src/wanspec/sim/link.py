@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 
 from wanspec.link import DirectionSpec, Shaper
+from wanspec.runtime import Direction
 
-Direction = Literal["up", "down"]
 _DIRECTION_INDEX: dict[str, int] = {"up": 0, "down": 1}
 
 

@@ -8,9 +8,11 @@ one at a time in FIFO order, the edge on its own device, the cloud when the shar
 starts them. A job is executed for real on its side's executor (a function running it on that
 side's own model session) when it starts (virtual time), and its result is delivered as
 `ComputeDone(job_id, result)` when its price says it ends; `Cancel` drops a queued job, or the
-result of the running one. `Send` encodes the message with the wire codec, charges its exact size
-to the link (edge→cloud on the uplink, cloud→edge on the downlink) and delivers the DECODED
-message as `MessageReceived(msg)`, so the machines see exactly what a network peer would.
+result of the running one (each side's queue, cancels, emits and tallies are a
+`wanspec.runtime.SideRuntime`, as in the network driver). `Send` encodes the message with the
+wire codec, charges its exact size to the link (edge→cloud on the uplink, cloud→edge on the
+downlink) and delivers the DECODED message as `MessageReceived(msg)`, so the machines see
+exactly what a network peer would.
 
 With `charge_cpu=True` the machines' own CPU takes virtual time too, as it does on real peers:
 each `handle(event)` call, the encoding of every message a side sends and the decoding of every
@@ -25,30 +27,36 @@ would make the virtual times differ from run to run.
 
 from __future__ import annotations
 
-import itertools
+import functools
 import math
 import operator
 import time
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from dataclasses import dataclass, replace
+from typing import Any
 
 from wanspec.jobs import ComputeCost, Executor
 from wanspec.protocols.base import (
-    Cancel,
     Compute,
     ComputeDone,
-    Emit,
     Event,
-    Finish,
     MessageReceived,
     Send,
     Side,
     Start,
     StateMachine,
 )
-from wanspec.sim.link import Channel, Direction, Link
+from wanspec.runtime import (
+    Direction,
+    EmitRecord,
+    QueuedCompute,
+    SideRuntime,
+    SimResult,
+    TraceRecord,
+    TypeTally,
+    job_label,
+)
+from wanspec.sim.link import Channel, Link
 from wanspec.sim.profiles import Profile
 
 SizeFn = Callable[[Any], int]
@@ -69,98 +77,12 @@ class SimulationTimeout(SimulationError):
     """The virtual clock passed max_time, or more than max_events events were processed."""
 
 
-@dataclass(frozen=True)
-class EmitRecord:
-    t: float
-    side: Side
-    token_ids: tuple[int, ...]
-
-
-@dataclass(frozen=True)
-class TraceRecord:
-    """One step of the run: `what` is recv | send | compute_start | compute_end | cancel | emit |
-    finish, and on a shared cloud compute_piece (a long prefill's pass before its last piece).
-    `send` records the message as the machine sent it, `recv` as the peer decoded it."""
-
-    t: float
-    side: Side
-    what: str
-    info: dict[str, Any]
-
-
-@dataclass
-class SimResult:
-    """Everything measured during one simulated request (times in virtual seconds).
-
-    `protocol_cpu_s` / `codec_cpu_s`: per side, the machines' own CPU the run was charged
-    (handlers plus codec, and the codec's share of it), or None when it was not charged."""
-
-    finish_reason: str
-    duration_s: float
-    emits: list[EmitRecord]
-    bits: dict[Direction, int]
-    messages: dict[Direction, int]
-    bits_by_type: dict[str, int]
-    messages_by_type: dict[str, int]
-    compute_busy_s: dict[Side, float]
-    compute_by_tag: dict[Side, dict[str, float]]  # busy seconds by the jobs' `Purpose`
-    computes: dict[Side, int]
-    retransmissions: dict[Direction, int]
-    events: int
-    cloud_finish: str | None = None
-    trace: list[TraceRecord] | None = None
-    protocol_cpu_s: dict[Side, float] | None = None
-    codec_cpu_s: dict[Side, float] | None = None
-
-    @property
-    def tokens(self) -> list[int]:
-        return [tok for rec in self.emits for tok in rec.token_ids]
-
-    @property
-    def token_times(self) -> list[float]:
-        """Virtual time at which each output token was emitted."""
-        return [rec.t for rec in self.emits for _ in rec.token_ids]
-
-    @property
-    def ttft_s(self) -> float | None:
-        """Time to first token (None if nothing was emitted)."""
-        times = self.token_times
-        return times[0] if times else None
-
-    @property
-    def decode_span(self) -> tuple[int, float]:
-        """(tokens emitted after the first emit, seconds from the first emit to the last): the
-        steady-state part of a run, which a per-cycle bound such as AceSpec's T_ideal describes
-        (the first emit's tokens and the time to it belong to TTFT)."""
-        if not self.emits:
-            return 0, 0.0
-        first = self.emits[0].t
-        later = [rec for rec in self.emits if rec.t > first]
-        return sum(len(rec.token_ids) for rec in later), (later[-1].t - first if later else 0.0)
-
-    @property
-    def tokens_per_s(self) -> float:
-        n = len(self.token_times)
-        return n / self.duration_s if self.duration_s > 0 else math.inf if n else 0.0
-
-    @property
-    def inter_token_s(self) -> list[float]:
-        """Gaps between consecutive output tokens (0 within one multi-token emit)."""
-        times = self.token_times
-        return [b - a for a, b in itertools.pairwise(times)]
-
-
 @dataclass
 class ProtocolCpu:
     """The time line of a side's protocol CPU: when it is next free (virtual seconds). The cloud
     sides of the sessions on one server share one (its one event loop)."""
 
     free_at: float = 0.0
-
-
-class _Queued(NamedTuple):
-    action: Compute
-    at: float  # when it was queued (or, a long prefill's piece, re-queued)
 
 
 @dataclass
@@ -171,13 +93,8 @@ class _Side:
     channel: Channel
     executor: Executor
     cpu: ProtocolCpu
-    queue: deque[_Queued] = field(default_factory=deque)
-    busy: bool = False
-    running: int | None = None  # job id of the computation under way
-    cancelled: set[int] = field(default_factory=set)
-    busy_s: float = 0.0
-    by_tag: dict[str, float] = field(default_factory=dict)  # by `Purpose` (a job's label)
-    computes: int = 0
+    runtime: SideRuntime  # its queue, cancels, emits, finish and tallies
+    busy: bool = False  # its device is computing (a job, or a long prefill's piece)
     cpu_s: float = 0.0  # protocol CPU charged: handlers and codec
     codec_s: float = 0.0  # its codec share
 
@@ -196,10 +113,6 @@ def _wire_codec() -> Codec:
     from wanspec import wire
 
     return wire.encode, wire.decode
-
-
-def _label(action: Compute) -> str:
-    return action.label or type(action.job).__name__
 
 
 class RequestRuntime:
@@ -227,26 +140,41 @@ class RequestRuntime:
         start_s: float = 0.0,
     ) -> None:
         up, down = link.channel("up"), link.channel("down")
+        self.emits: list[EmitRecord] = []
+        self.sent = TypeTally()  # both directions: each message counted once, when sent
+        edge_rt, cloud_rt = (
+            SideRuntime(
+                name,
+                emits=self.emits,
+                sent=self.sent,
+                trace=functools.partial(self.record, name) if trace else None,
+            )
+            for name in ("edge", "cloud")
+        )
         self.sides: dict[Side, _Side] = {
-            "edge": _Side("edge", edge, profiles[0], up, executors[0], ProtocolCpu()),
-            "cloud": _Side("cloud", cloud, profiles[1], down, executors[1], cloud_cpu),
+            "edge": _Side("edge", edge, profiles[0], up, executors[0], ProtocolCpu(), edge_rt),
+            "cloud": _Side("cloud", cloud, profiles[1], down, executors[1], cloud_cpu, cloud_rt),
         }
         self.schedule, self.cloud_ready = schedule, cloud_ready
         self.size_fn = size_fn
         self.codec = _wire_codec() if size_fn is None else None
         self.start_s = self.now = start_s
-        self.finish: str | None = None
-        self.cloud_finish: str | None = None
-        self.emits: list[EmitRecord] = []
         self.bits: dict[Direction, int] = {"up": 0, "down": 0}
         self.messages: dict[Direction, int] = {"up": 0, "down": 0}
         self.retransmissions: dict[Direction, int] = {"up": 0, "down": 0}
-        self.bits_by_type: dict[str, int] = {}
-        self.messages_by_type: dict[str, int] = {}
         self.trace: list[TraceRecord] | None = [] if trace else None
         self.events = 0
         self.charge_cpu = charge_cpu
         self.decode_s: dict[int, float] = {}  # id(MessageReceived) -> its decoding's CPU
+
+    @property
+    def finish(self) -> str | None:
+        """The edge's finish reason, once it has finished."""
+        return self.sides["edge"].runtime.finish
+
+    @property
+    def cloud_finish(self) -> str | None:
+        return self.sides["cloud"].runtime.finish
 
     @property
     def finished(self) -> bool:
@@ -277,10 +205,10 @@ class RequestRuntime:
             self.schedule(side.cpu.free_at, side.name, event)  # the side's CPU is busy until then
             return
         if isinstance(event, ComputeDone):
-            side.busy, side.running = False, None
+            side.busy = False
+            wanted = side.runtime.end_job(event.job_id)
             self.record(side.name, "compute_end", job_id=event.job_id)
-            if event.job_id in side.cancelled:
-                side.cancelled.discard(event.job_id)
+            if not wanted:  # cancelled while it ran
                 self._start_next(side)
                 return
         elif isinstance(event, MessageReceived):
@@ -316,30 +244,8 @@ class RequestRuntime:
     def _apply(self, side: _Side, action: Any) -> None:
         if isinstance(action, Send):
             self._send(side, action.msg)
-        elif isinstance(action, Compute):
-            side.queue.append(_Queued(action, self.now))
-        elif isinstance(action, Cancel):
-            self._cancel(side, action.job_id)
-        elif isinstance(action, Emit):
-            tokens = tuple(int(t) for t in action.token_ids)
-            self.emits.append(EmitRecord(self.now, side.name, tokens))
-            self.record(side.name, "emit", token_ids=tokens)
-        elif isinstance(action, Finish):
-            self.record(side.name, "finish", reason=action.reason)
-            if side.name == "edge":
-                self.finish = action.reason
-            else:
-                self.cloud_finish = action.reason
         else:
-            raise TypeError(f"{side.name} returned an unknown action {action!r}")
-
-    def _cancel(self, side: _Side, job_id: int) -> None:
-        queued = [q for q in side.queue if q.action.job_id != job_id]
-        if len(queued) != len(side.queue):
-            side.queue = deque(queued)
-        elif side.running == job_id:
-            side.cancelled.add(job_id)
-        self.record(side.name, "cancel", job_id=job_id)
+            side.runtime.apply(action, self.now)
 
     def _send(self, side: _Side, msg: Any) -> None:
         sent, decode_s = msg, 0.0
@@ -357,12 +263,10 @@ class RequestRuntime:
             size = _as_bits(self.size_fn(msg), msg)
         direction = _DIRECTION[side.name]
         tx = side.channel.transmit(self.now, size)
-        kind = type(msg).__name__
         self.bits[direction] += size
         self.messages[direction] += 1
         self.retransmissions[direction] += tx.retries
-        self.bits_by_type[kind] = self.bits_by_type.get(kind, 0) + size
-        self.messages_by_type[kind] = self.messages_by_type.get(kind, 0) + 1
+        kind = side.runtime.sent.add(msg, size)
         self.record(
             side.name,
             "send",
@@ -382,14 +286,14 @@ class RequestRuntime:
         """The edge starts its next job if it is free; the cloud's waits for the accelerator."""
         if side.name == "cloud":
             self.cloud_ready(self.now)
-        elif not side.busy and side.queue:
+        elif not side.busy and side.runtime.queue:
             self._start(side)
 
     def _start(self, side: _Side, seconds: float | None = None) -> float:
         """Start `side`'s next job now: run it, and deliver its result `seconds` later (None: what
         the side's profile charges for it alone). Returns those seconds."""
-        action = side.queue.popleft().action
-        kind = _label(action)
+        action = side.runtime.start_next()
+        kind = job_label(action)
         began = time.perf_counter()
         try:
             result = side.executor(action.job)
@@ -402,10 +306,8 @@ class RequestRuntime:
             raise ValueError(
                 f"profile {side.profile.name!r} priced {action.cost} at {duration!r} s"
             )
-        side.busy, side.running = True, action.job_id
-        side.busy_s += duration
-        side.by_tag[kind] = side.by_tag.get(kind, 0.0) + duration
-        side.computes += 1
+        side.busy = True
+        side.runtime.charge(kind, duration)
         self.record(side.name, "compute_start", job=kind, cost=action.cost, seconds=duration)
         done = self.now + duration
         self.schedule(done, side.name, ComputeDone(action.job_id, result, done))
@@ -415,9 +317,9 @@ class RequestRuntime:
         """The cloud job next in line and when it was queued, if the accelerator may start it:
         the request is running, the cloud side free (its previous job done) and a job queued."""
         cloud = self.sides["cloud"]
-        if self.finished or cloud.busy or not cloud.queue:
+        if self.finished or cloud.busy or not cloud.runtime.queue:
             return None
-        return cloud.queue[0]
+        return cloud.runtime.queue[0]
 
     def start_cloud_job(self, at: float, seconds: float | None = None) -> float:
         """The accelerator starts the cloud's next job at `at`, for `seconds` (None: priced by
@@ -429,10 +331,9 @@ class RequestRuntime:
         """The accelerator starts a pass over a piece (before the last) of the cloud's next job, a
         long prefill: the side is busy for `seconds`; the job runs with its last piece."""
         self.now, cloud = at, self.sides["cloud"]
-        kind = _label(cloud.queue[0].action)
+        kind = job_label(cloud.runtime.queue[0].action)
         cloud.busy = True
-        cloud.busy_s += seconds
-        cloud.by_tag[kind] = cloud.by_tag.get(kind, 0.0) + seconds
+        cloud.runtime.charge(kind, seconds, job=False)
         self.record("cloud", "compute_piece", job=kind, cost=cost, seconds=seconds)
 
     def end_cloud_piece(self, at: float, job_id: int) -> bool:
@@ -440,9 +341,10 @@ class RequestRuntime:
         cancelled meanwhile, goes back to the end of the queue for its next piece (True)."""
         cloud = self.sides["cloud"]
         cloud.busy = False
-        if not cloud.queue or cloud.queue[0].action.job_id != job_id:
+        queue = cloud.runtime.queue
+        if not queue or queue[0].action.job_id != job_id:
             return False
-        cloud.queue[0] = _Queued(cloud.queue[0].action, at)
+        queue[0] = QueuedCompute(queue[0].action, at)
         return True
 
     # ------------------------------------------------------------------ the end
@@ -462,11 +364,11 @@ class RequestRuntime:
             emits=self.emits,
             bits=self.bits,
             messages=self.messages,
-            bits_by_type=self.bits_by_type,
-            messages_by_type=self.messages_by_type,
-            compute_busy_s={name: s.busy_s for name, s in self.sides.items()},
-            compute_by_tag={name: dict(s.by_tag) for name, s in self.sides.items()},
-            computes={name: s.computes for name, s in self.sides.items()},
+            bits_by_type=self.sent.bits,
+            messages_by_type=self.sent.messages,
+            compute_busy_s={name: s.runtime.busy_s for name, s in self.sides.items()},
+            compute_by_tag={name: dict(s.runtime.compute_s) for name, s in self.sides.items()},
+            computes={name: s.runtime.jobs_run for name, s in self.sides.items()},
             retransmissions=self.retransmissions,
             events=self.events,
             cloud_finish=self.cloud_finish,
