@@ -46,6 +46,7 @@ class DraftRetokenizer:
         self.strict = strict
         self.lost_bytes = 0
         self._pending = bytearray()
+        _ = alignment.draft.encoder  # built once per vocabulary, before a round, not inside one
 
     @property
     def pending(self) -> bytes:
