@@ -218,3 +218,23 @@ def test_no_module_reads_another_modules_private_attributes() -> None:
     ]
     assert found == []
     assert set(FOREIGN_PRIVATE_ALLOWED) - used == set(), "an allowed read no longer happens"
+
+
+def _private_imports(path: Path) -> list[str]:
+    """`path:line: name` for each private name `path` imports from another wanspec module."""
+    tree = ast.parse(path.read_text())
+    where = path.relative_to(SOURCE).as_posix()
+    return [
+        f"{where}:{node.lineno}: {node.module}.{alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("wanspec")
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.endswith("__")
+    ]
+
+
+def test_no_module_imports_another_modules_private_names() -> None:
+    """What one module needs of another is part of that module's public surface: a private
+    name imported elsewhere is a helper that should be public, or logic in the wrong place
+    (dunder names such as `__version__` are public)."""
+    assert [hit for path in sorted(SOURCE.rglob("*.py")) for hit in _private_imports(path)] == []

@@ -175,7 +175,7 @@ class LanguageModel(ABC):
     def check_tokens(self, ids: Sequence[int], what: str = "ids") -> list[int]:
         """Token ids as ints, each within the logits width, else a ValueError naming `what`: one
         check for every backend, which a caller can also run before it touches any session."""
-        ids = _as_ids(ids, what)
+        ids = as_token_ids(ids, what)
         bad = [t for t in ids if not 0 <= t < self.vocab_size]
         if bad:
             raise ValueError(f"{what} contains ids outside [0, {self.vocab_size}): {bad[:5]}")
@@ -243,7 +243,8 @@ def _rerooted(tree: _PendingTree, kept: list[int], old_root: int, attach: int) -
     return out
 
 
-def _as_ids(values: Sequence[int], what: str) -> list[int]:
+def as_token_ids(values: Sequence[int], what: str) -> list[int]:
+    """`values` as a list of ints, or a TypeError naming `what` (tokens, parents, nodes)."""
     try:
         return [operator.index(v) for v in values]
     except TypeError as exc:
@@ -402,7 +403,7 @@ class HFLanguageModel(LanguageModel):
     @torch.inference_mode()
     def tree_forward(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         tokens = self.check_tokens(tokens, "tokens")
-        parents = _as_ids(parents, "parents")
+        parents = as_token_ids(parents, "parents")
         if len(tokens) != len(parents):
             raise ValueError(f"{len(tokens)} tokens but {len(parents)} parents")
         if not tokens:
@@ -415,7 +416,7 @@ class HFLanguageModel(LanguageModel):
 
     @torch.inference_mode()
     def keep_tree_path(self, nodes: Sequence[int], keep_descendants: bool = False) -> None:
-        nodes = _as_ids(nodes, "nodes")
+        nodes = as_token_ids(nodes, "nodes")
         tree = self._tree
         if not len(tree):
             raise RuntimeError("keep_tree_path() needs pending tree nodes from tree_forward()")
@@ -710,6 +711,11 @@ def use_swapped_linear(model: torch.nn.Module) -> int:
             module.__class__ = _SwappedLinear
             count += 1
     return count
+
+
+def uses_swapped_linear(model: torch.nn.Module) -> bool:
+    """Whether `use_swapped_linear` switched any of `model`'s layers (profiles record it)."""
+    return any(isinstance(m, _SwappedLinear) for m in model.modules())
 
 
 def _eos_token_ids(model: PreTrainedModel, tokenizer: Any) -> tuple[int, ...]:

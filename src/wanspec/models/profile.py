@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from wanspec.models.lm import LanguageModel, _SwappedLinear
+from wanspec.models.lm import LanguageModel, uses_swapped_linear
 from wanspec.paths import user_profiles_dir
 
 DEFAULT_NS = (1, 2, 4, 8, 16, 32, 64)
@@ -105,7 +105,7 @@ def _metadata(lm: LanguageModel, context: int, repeats: int) -> dict[str, Any]:
     threads = torch.get_num_threads()
     dtype = str(getattr(lm, "dtype", "unknown")).removeprefix("torch.")
     model = getattr(lm, "model", None)
-    swapped = model is not None and any(isinstance(m, _SwappedLinear) for m in model.modules())
+    swapped = model is not None and uses_swapped_linear(model)
     return {
         "name": f"{lm.name}-cpu{threads}t",
         "source": f"wanspec bench on {cpu_name()}, {threads} threads, {dtype}, "

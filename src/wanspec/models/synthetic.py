@@ -27,7 +27,7 @@ from typing import Literal
 import numpy as np
 import torch
 
-from wanspec.models.lm import LanguageModel, _as_ids
+from wanspec.models.lm import LanguageModel, as_token_ids
 
 Role = Literal["draft", "target"]
 NEG_LOGIT = -1e9  # "probability 0": exp underflows to exactly 0 after any max-subtraction
@@ -180,7 +180,7 @@ class SyntheticLM(LanguageModel):
 
     def tree_forward(self, tokens: Sequence[int], parents: Sequence[int]) -> torch.Tensor:
         tokens = self.check_tokens(tokens, "tokens")
-        parents = _as_ids(parents, "parents")
+        parents = as_token_ids(parents, "parents")
         if len(tokens) != len(parents):
             raise ValueError(f"{len(tokens)} tokens but {len(parents)} parents")
         first = self.pending_tree_size
@@ -189,7 +189,7 @@ class SyntheticLM(LanguageModel):
         return self.rows([self._node_context(n) for n in range(first, first + len(tokens))])
 
     def keep_tree_path(self, nodes: Sequence[int], keep_descendants: bool = False) -> None:
-        nodes = _as_ids(nodes, "nodes")
+        nodes = as_token_ids(nodes, "nodes")
         if not self.pending_tree_size:
             raise RuntimeError("keep_tree_path() needs pending tree nodes from tree_forward()")
         if not nodes:
