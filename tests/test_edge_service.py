@@ -30,9 +30,10 @@ import wanspec
 from cuttable import CuttableLink, cuttable_link
 from nethelpers import refusing_port
 from wanspec.edge_service import EdgeService, TextStream, chat_continuation, create_app
+from wanspec.models.registry import prompt_encoder
 from wanspec.net import DirectionSpec
 from wanspec.net.background import cloud_behind_wan
-from wanspec.net.client import ClientOptions, RemotePair, prompt_encoder
+from wanspec.net.client import ClientOptions, RemotePair
 from wanspec.net.resume import RetryPolicy
 
 PROMPT = "hello world"

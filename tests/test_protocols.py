@@ -14,7 +14,8 @@ import pytest
 import wanspec
 from wanspec import wire
 from wanspec.models.jobs import session_executor
-from wanspec.protocols.registry import METHODS, get_method, make_cloud
+from wanspec.net.client import RemotePair, edge_machine
+from wanspec.protocols.registry import METHODS, edge_model_for, get_method, make_cloud
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sim import Link
 from worlds import FLAT_PROFILE, World, greedy
@@ -298,6 +299,24 @@ def test_split_inference_sends_activations_and_matchesgreedy(tiny_pair_shared) -
     activations = split.stats["bits_by_type"]["HiddenStates"]
     rows = prompt_rows + 9  # the prompt, then every generated token but the last
     assert 16 * hidden * rows <= activations <= 16 * hidden * rows + 8 * 8 * 10
+
+
+def test_the_edge_runs_the_draft_except_split_which_runs_the_target(shared_world: World) -> None:
+    """One rule for every driver (simulator, benchmarks, network client): split's edge embeds
+    with the target's layers, every other edge runs the draft; an edge with no target model
+    cannot run split."""
+    draft, target = shared_world.draft, shared_world.target
+    names = [*METHODS, *(alias for m in METHODS.values() for alias in m.aliases)]
+    assert {m for m in names if edge_model_for(m, draft=draft, target=target) is target} == {
+        "split"
+    }
+    pair = wanspec.Pair(target, draft, shared_world.alignment)
+    assert pair.edge_model("split") is target and pair.edge_model("naive") is draft
+    remote = RemotePair(draft, shared_world.alignment, target_tokenizer=None)
+    settings = GenerationSettings(max_new_tokens=4)
+    assert edge_machine(remote, "p", "ar", settings)[1] is draft
+    with pytest.raises(ValueError, match="split runs the target's embedding layer on the edge"):
+        edge_machine(remote, "p", "split", settings)
 
 
 def test_api_generate_returns_stats_on_tiny_pair(tiny_pair_shared) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -12,9 +13,10 @@ import torch
 from wanspec.jobs import ComputeCost, Executor
 from wanspec.models.jobs import session_executor
 from wanspec.models.lm import resolve_device
+from wanspec.models.registry import prompt_encoder
 from wanspec.models.replay import JobReplay, replaying_executor
-from wanspec.protocols.endpoints import TargetInfo
-from wanspec.protocols.registry import get_method, make_cloud, make_edge, target_info
+from wanspec.protocols.endpoints import CloudEndpoint, EdgeMachine, TargetInfo
+from wanspec.protocols.registry import build_machines, edge_model_for, get_method, target_info
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sim import (
     Link,
@@ -42,10 +44,10 @@ class Pair:
         return self.alignment.is_identity
 
     def target_encode(self, text: str) -> list[int]:
-        return list(self.target.tokenizer(text, add_special_tokens=True)["input_ids"])
+        return prompt_encoder(self.target.tokenizer)(text)
 
     def draft_encode(self, text: str) -> list[int]:
-        return list(self.draft.tokenizer(text, add_special_tokens=True)["input_ids"])
+        return prompt_encoder(self.draft.tokenizer)(text)
 
     def decode(self, ids: list[int]) -> str:
         return self.target.tokenizer.decode(ids, skip_special_tokens=True)
@@ -54,6 +56,32 @@ class Pair:
     def cloud_info(self) -> TargetInfo:
         """What a cloud serving this pair's target knows (it can verify this pair's drafts)."""
         return target_info(self.target, self.target_encode, (self.alignment,))
+
+    def machines(
+        self,
+        method: str,
+        prompt: str,
+        settings: GenerationSettings,
+        tree_seconds: Callable[[int], float] | None = None,
+    ) -> tuple[EdgeMachine, CloudEndpoint]:
+        """Both machines of one request on this pair, in this process (`generate`, benchmarks).
+        Their jobs run on `edge_model(method)` and on the target."""
+        return build_machines(
+            method,
+            draft_lm=self.draft,
+            target_lm=self.target,
+            alignment=self.alignment,
+            draft_encode=self.draft_encode,
+            target_encode=self.target_encode,
+            target_decode=self.decode,
+            prompt=prompt,
+            settings=settings,
+            tree_seconds=tree_seconds,
+        )
+
+    def edge_model(self, method: str) -> Any:
+        """The model the edge's jobs run on for `method` (split: the target's layers)."""
+        return edge_model_for(method, draft=self.draft, target=self.target)
 
 
 def _load_lm(
@@ -265,27 +293,14 @@ def generate(
         remote = {"token": token, "tls_ca": tls_ca, "target_tokenizer": target_tokenizer}
         return _generate_remote(pair, prompt, info.name, gen, server, **remote)
     edge_profile = edge_profile or profile or "measured"
-    edge = make_edge(
-        info.name,
-        alignment=pair.alignment,
-        prompt=prompt,
-        settings=gen,
-        draft_encode=pair.draft_encode,
-        target_decode=pair.decode,
-        target_encode=pair.target_encode,
-        target_model=pair.target.fingerprint,
-        tree_seconds=_tree_seconds(edge_profile),
-        target_tokenizer=pair.target.tokenizer,
-    )
-    cloud = make_cloud(pair.cloud_info)
-    edge_model = pair.target if info.family == "split" else pair.draft  # split: target's layers
+    edge, cloud = pair.machines(info.name, prompt, gen, _tree_seconds(edge_profile))
     sim = simulate(
         edge,
         cloud,
         link if link is not None else Link(bandwidth_bps=100e6, rtt_s=0.05),
         edge_profile,
         cloud_profile or profile or "measured",
-        edge_executor=_executor(edge_model, reuse),
+        edge_executor=_executor(pair.edge_model(info.name), reuse),
         cloud_executor=_executor(pair.target, reuse),
         trace=trace,
         charge_cpu=charge_protocol_cpu,

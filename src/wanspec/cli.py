@@ -12,6 +12,9 @@ import click
 from wanspec import __version__
 from wanspec.models.cli import USER_ERRORS, loading_kwargs, loading_options
 from wanspec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from wanspec.protocols.settings import GenerationSettings
+
+SETTINGS = GenerationSettings()  # `generate`'s option defaults are the API's
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -170,19 +173,23 @@ def _make_link(link_preset: str | None, seed: int, **numbers: Any) -> Any:
 )
 @click.option("--method", default="xcosd-e", show_default=True, help="See `wanspec methods`.")
 @click.option("--prompt", required=True, help="Prompt text ('-' reads standard input).")
-@click.option("--max-new-tokens", type=int, default=64, show_default=True)
-@click.option("--temperature", type=float, default=1.0, show_default=True)
-@click.option("--top-k", type=int, default=0, show_default=True, help="0 = off.")
-@click.option("--top-p", type=float, default=1.0, show_default=True, help="1.0 = off.")
-@click.option("--seed", type=int, default=0, show_default=True)
-@click.option("--gamma", type=int, default=4, show_default=True, help="Draft length.")
+@click.option("--max-new-tokens", type=int, default=SETTINGS.max_new_tokens, show_default=True)
+@click.option("--temperature", type=float, default=SETTINGS.temperature, show_default=True)
+@click.option("--top-k", type=int, default=SETTINGS.top_k, show_default=True, help="0 = off.")
+@click.option("--top-p", type=float, default=SETTINGS.top_p, show_default=True, help="1.0 = off.")
+@click.option("--seed", type=int, default=SETTINGS.seed, show_default=True)
+@click.option("--gamma", type=int, default=SETTINGS.gamma, show_default=True, help="Draft length.")
 @click.option("--stop", multiple=True, help="Stop string (repeatable).")
-@click.option("--srdv-k", type=int, default=4, show_default=True, help="X-CoSD-E candidates K.")
-@click.option("--srdv-m", type=int, default=2, show_default=True, help="X-CoSD-E rounds M.")
+@click.option(
+    "--srdv-k", type=int, default=SETTINGS.srdv_k, show_default=True, help="X-CoSD-E candidates K."
+)
+@click.option(
+    "--srdv-m", type=int, default=SETTINGS.srdv_m, show_default=True, help="X-CoSD-E rounds M."
+)
 @click.option(
     "--q-bits",
     type=int,
-    default=32,
+    default=SETTINGS.q_bits,
     show_default=True,
     help="Precision of a q shipped to the edge (16, 24 or 32; 16 = the papers' bits).",
 )

@@ -154,13 +154,11 @@ def _sessions(s: dict[str, Any], ctx: Context, starts: Sequence[float]) -> list[
     """Edge i's request (prompt i, seed + i, a link of its own) starting at starts[i]."""
     import wanspec
     from wanspec.models.jobs import session_executor
-    from wanspec.protocols.registry import build_machines, get_method
     from wanspec.protocols.settings import GenerationSettings
     from wanspec.sim import EdgeSession
 
     pair = _pair(s, ctx)
     records = ctx.prompts(s["dataset"]["name"], s["dataset"]["n"]).records
-    edge_model = pair.target if get_method(s["method"]).family == "split" else pair.draft
     sessions = []
     for i, start in enumerate(starts):
         settings = GenerationSettings(
@@ -169,19 +167,9 @@ def _sessions(s: dict[str, Any], ctx: Context, starts: Sequence[float]) -> list[
             gamma=s["gamma"],
             seed=s["seed"] + i,
         )
-        edge, cloud = build_machines(
-            s["method"],
-            draft_lm=pair.draft,
-            target_lm=pair.target,
-            alignment=pair.alignment,
-            draft_encode=pair.draft_encode,
-            target_encode=pair.target_encode,
-            target_decode=pair.decode,
-            prompt=records[i % len(records)]["prompt"],
-            settings=settings,
-        )
+        edge, cloud = pair.machines(s["method"], records[i % len(records)]["prompt"], settings)
         link = wanspec.Link(bandwidth_bps=s["bandwidth_bps"], rtt_s=s["rtt_s"], seed=i)
-        executors = (session_executor(edge_model), session_executor(pair.target))
+        executors = (session_executor(pair.edge_model(s["method"])), session_executor(pair.target))
         sessions.append(EdgeSession(edge, cloud, link, *executors, s["edge_profile"], start))
     return sessions
 

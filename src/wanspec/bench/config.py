@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from wanspec.models.registry import DEFAULT_DRAFT, DEFAULT_TARGET
+from wanspec.protocols.settings import GenerationSettings
 
 TINY_PAIR = ("tiny-hetero-target", "tiny-hetero-draft")  # built on first use (wanspec.models.tiny)
 TINY_SHARED_PAIR = ("tiny-shared-target", "tiny-shared-draft")  # the same, one shared tokenizer
@@ -40,6 +41,10 @@ METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
     "acespec-x": ("srdv_k", "srdv_m"),
     "tr": ("tr_k",),
     "uhlm": ("uhlm_samples", "uhlm_eta_max", "uhlm_threshold"),
+}
+# their values unless a command line replaces them: `GenerationSettings`' own defaults
+METHOD_OPTION_DEFAULTS: dict[str, Any] = {
+    name: getattr(GenerationSettings, name) for names in METHOD_OPTIONS.values() for name in names
 }
 
 
@@ -71,17 +76,7 @@ class Config:
     uplink_bps: float = 10e6
     downlink_bps: float = 10e6
     rtt_s: float = 0.02
-    options: dict[str, Any] = field(
-        default_factory=lambda: {
-            "srdv_k": 4,
-            "srdv_m": 2,
-            "hr_piggyback": True,
-            "tr_k": 8,
-            "uhlm_samples": 20,
-            "uhlm_eta_max": 2.0,
-            "uhlm_threshold": 0.5,
-        }
-    )
+    options: dict[str, Any] = field(default_factory=lambda: dict(METHOD_OPTION_DEFAULTS))
     # analysis (synthetic pair)
     alphas: tuple[float, ...] = (0.2, 0.4, 0.6, 0.8, 0.9)
     analysis_gammas: tuple[int, ...] = (2, 4, 6)

@@ -3,7 +3,8 @@
 ``resolve_model("smollm2-135m")`` returns a local Hugging Face folder: the first call fetches the
 GGUF (see :mod:`wanspec.assets`) and converts it once into ``$WANSPEC_HOME/models/<name>/``;
 later calls only read a small ``wanspec.json`` manifest. ``load_tokenizer("qwen2.5")`` serves the
-Qwen2.5 tokenizer from a 2 MB artifact, so vocabulary work never needs the 491 MB model.
+Qwen2.5 tokenizer from a 2 MB artifact, so vocabulary work never needs the 491 MB model;
+``prompt_encoder(tokenizer)`` is how every side turns a prompt into ids.
 Processes pulling one model or tokenizer at once take turns on its cache lock
 (:func:`wanspec.paths.cache_lock`): it is built once.
 """
@@ -17,6 +18,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # before transformers/huggingface_
 import json
 import time
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -337,3 +339,9 @@ def load_tokenizer(
 
     folder = resolve_tokenizer_dir(name_or_path, progress, downloader)
     return AutoTokenizer.from_pretrained(str(folder), local_files_only=True)
+
+
+def prompt_encoder(tokenizer: Any) -> Callable[[str], list[int]]:
+    """text -> ids as every wanspec side encodes a prompt (the tokenizer's special tokens on,
+    so a model that wants a BOS gets it), for the edge's and the cloud's ids to agree."""
+    return lambda text: list(tokenizer(text, add_special_tokens=True)["input_ids"])

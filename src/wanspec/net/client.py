@@ -33,13 +33,14 @@ import numpy as np
 
 from wanspec import wire
 from wanspec.models.jobs import run_job
+from wanspec.models.registry import prompt_encoder
 from wanspec.net.driver import DriveResult, DriverLimits, SessionAborted, drive
 from wanspec.net.framing import ConnectionClosed, MessageStream, TrafficCounter, write_message
 from wanspec.net.resume import EdgeStream, RetryPolicy
 from wanspec.net.units import parse_address
 from wanspec.protocols.base import PROTOCOL_VERSION, ErrorCode
 from wanspec.protocols.endpoints import EdgeMachine
-from wanspec.protocols.registry import get_method, make_edge, table_fingerprint
+from wanspec.protocols.registry import edge_model_for, make_edge, table_fingerprint
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.runtime import EmitRecord, SimResult
 from wanspec.vocab import TokenTable, VocabAlignment
@@ -134,11 +135,6 @@ async def authenticate(stream: MessageStream, options: ClientOptions) -> int:
 
 
 # ============================================================================ the edge's models
-
-
-def prompt_encoder(tokenizer: Any) -> Any:
-    """text -> ids as every wanspec side encodes a prompt (the tokenizer's special tokens on)."""
-    return lambda text: list(tokenizer(text, add_special_tokens=True)["input_ids"])
 
 
 @dataclass
@@ -369,14 +365,11 @@ def edge_machine(
     edge: RemotePair, prompt: str, method: str, settings: GenerationSettings
 ) -> tuple[EdgeMachine, Any]:
     """The method's edge machine for `edge`, and the model its jobs run on."""
-    info = get_method(method)
-    model = edge.draft
-    if info.family == "split":
-        if edge.embed_model is None:
-            raise ValueError("split runs the target's embedding layer on the edge: pass a Pair")
-        model = edge.embed_model
+    model = edge_model_for(method, draft=edge.draft, target=edge.embed_model)
+    if model is None:
+        raise ValueError("split runs the target's embedding layer on the edge: pass a Pair")
     machine = make_edge(
-        info.name,
+        method,
         alignment=edge.alignment,
         prompt=prompt,
         settings=settings,

@@ -47,8 +47,8 @@ from pathlib import Path
 from typing import Any
 
 from wanspec import wire
+from wanspec.models.registry import prompt_encoder
 from wanspec.net.batching import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_PREFILL_CHUNK, ModelBatcher
-from wanspec.net.client import prompt_encoder
 from wanspec.net.driver import (
     DriveResult,
     DriverLimits,

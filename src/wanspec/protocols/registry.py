@@ -28,6 +28,7 @@ __all__ = [
     "build_machines",
     "cloud_machine",
     "edge_fingerprints",
+    "edge_model_for",
     "get_method",
     "kv_bytes_per_token",
     "make_cloud",
@@ -50,6 +51,12 @@ def edge_fingerprints(alignment: VocabAlignment, target_model: str = "") -> Fing
         table_fingerprint(alignment.target),
         table_fingerprint(alignment.draft),
     )
+
+
+def edge_model_for(method: str, *, draft: Any, target: Any) -> Any:
+    """The model an edge's jobs run on: the draft, except for split inference, whose edge runs
+    the target's own embedding layer (`target` may be None where the edge has no target)."""
+    return target if get_method(method).family == "split" else draft
 
 
 def make_edge(
@@ -220,11 +227,13 @@ def build_machines(
     target_decode: Callable[[list[int]], str],
     prompt: str,
     settings: GenerationSettings,
+    tree_seconds: Callable[[int], float] | None = None,
 ) -> tuple[EdgeMachine, CloudEndpoint]:
-    """Both machines of one request, for a pair loaded in this process (tests, analysis).
+    """Both machines of one request, for models loaded in this process (`wanspec.generate`,
+    benchmarks, tests).
 
-    The machines hold no model: run them with `session_executor(draft_lm)` on the edge (the
-    target for `split`) and `session_executor(target_lm)` on the cloud."""
+    The machines hold no model: run them with `session_executor` of `edge_model_for(method, …)`
+    on the edge and of `target_lm` on the cloud."""
     edge = make_edge(
         method,
         alignment=alignment,
@@ -234,6 +243,7 @@ def build_machines(
         target_decode=target_decode,
         target_encode=target_encode,
         target_model=target_lm.fingerprint,
+        tree_seconds=tree_seconds,
         target_tokenizer=getattr(target_lm, "tokenizer", None),
     )
     return edge, make_cloud(target_info(target_lm, target_encode, (alignment,)))
