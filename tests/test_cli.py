@@ -1,4 +1,5 @@
-"""The `wanspec` command: version, method list, generate on tiny real models, clear errors."""
+"""The `wanspec` command: version, method list, generate on tiny real models, clear errors, and
+options for the generation settings that follow `GenerationSettings`."""
 
 from __future__ import annotations
 
@@ -6,11 +7,24 @@ import json
 import shutil
 import subprocess
 import sys
+from dataclasses import fields
 
+import click
+import pytest
 from click.testing import CliRunner
 
 from wanspec.cli import main
+from wanspec.cli.options import option_name, settings_from_options
 from wanspec.protocols.registry import METHODS
+from wanspec.protocols.settings import GenerationSettings
+
+# Commands whose option named after a setting has a default of its own, on purpose: a short
+# demo or comparison, and the server's cap on what a request may ask for.
+OWN_DEFAULTS = {
+    ("demo", "max_new_tokens"): 32,
+    ("bench realsim", "max_new_tokens"): 24,
+    ("serve", "max_new_tokens"): 4096,
+}
 
 
 def test_console_script_prints_version() -> None:
@@ -107,3 +121,57 @@ def test_generate_unknown_model_is_a_clear_error() -> None:
     result = CliRunner().invoke(main, ["generate", "--target", "no-such-model", "--prompt", "x"])
     assert result.exit_code != 0
     assert "no-such-model" in result.output
+
+
+def test_generate_has_an_option_for_every_setting_at_the_dataclass_default() -> None:
+    """A new `GenerationSettings` field is a new `generate` option, with the field's help, and
+    `generate` run with no setting given asks for exactly the dataclass's defaults."""
+    params = {p.name: p for p in main.commands["generate"].params}
+    for f in fields(GenerationSettings):
+        assert f.name in params, f"no --{f.name} option on generate"
+        assert params[f.name].opts[0] == option_name(f.name)
+        assert f.metadata.get("help") == params[f.name].help
+    ctx = main.commands["generate"].make_context("generate", ["--prompt", "x"])
+    given = {f.name: ctx.params[f.name] for f in fields(GenerationSettings)}
+    assert settings_from_options(given) == GenerationSettings()
+
+
+def _commands(group: click.Group, path: tuple[str, ...] = ()):
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, (*path, name))
+        else:
+            yield " ".join((*path, name)), command
+
+
+def test_hand_written_setting_options_keep_the_dataclass_default() -> None:
+    """Options elsewhere (bench, edge) named after a setting: their defaults, where they have
+    one, are the dataclass's unless the command states its own in OWN_DEFAULTS."""
+    defaults = {f.name: f.default for f in fields(GenerationSettings)}
+    seen = set()
+    for path, command in _commands(main):
+        for p in command.params:
+            given = isinstance(p.default, int | float | str) and not getattr(p, "is_flag", False)
+            if p.name in defaults and given:
+                want = OWN_DEFAULTS.get((path, p.name), defaults[p.name])
+                assert p.default == want, f"{path} {p.opts[0]}: {p.default!r} != {want!r}"
+                seen.add((path, p.name))
+    assert set(OWN_DEFAULTS) <= seen
+    assert ("edge", "gamma") in seen and ("bench overhead", "temperature") in seen
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "words"),
+    [
+        (["--gamma", "0"], "'--gamma'", "gamma=0"),
+        (["--top-p", "0"], "'--top-p'", "top_p=0.0"),
+        (["--q-bits", "12"], "'--q-bits'", "q_bits=12"),
+        (["--stop", ""], "'--stop'", "not a non-empty string"),
+        (["--tree-allocation", "flat"], "'--tree-allocation'", "tree_allocation='flat'"),
+    ],
+)
+def test_a_bad_setting_is_a_usage_error_naming_the_option(args, option, words) -> None:
+    """The dataclass's own check, before any model loads (the target here does not exist)."""
+    result = CliRunner().invoke(main, ["generate", "--target", "no-such", "--prompt", "x", *args])
+    assert result.exit_code == 2, result.output
+    assert option in result.output and words in result.output, result.output

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from wanspec.protocols.base import shown
@@ -96,34 +96,67 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
 }
 
 
+def _help(text: str) -> dict[str, str]:
+    return {"help": text}
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """Everything a request needs; validated on construction so bad settings fail early."""
 
-    max_new_tokens: int = 64
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int = 0
-    gamma: int = 4
-    stop: tuple[str, ...] = ()
-    ignore_eos: bool = False
-    srdv_k: int = 4  # X-CoSD-E: candidates per round
-    srdv_m: int = 2  # X-CoSD-E: candidate rounds before the fallback on the cloud
-    hr_piggyback: bool = True  # X-CoSD: pre-drawn O-sample rides on the reply
+    # Each field's `help` is its `wanspec generate` option's help text (`wanspec.cli.options`).
+    max_new_tokens: int = field(default=64, metadata=_help("Tokens to generate at most."))
+    temperature: float = field(default=1.0, metadata=_help("Sampling temperature; 0 = greedy."))
+    top_k: int = field(default=0, metadata=_help("Keep only the k likeliest tokens; 0 = off."))
+    top_p: float = field(default=1.0, metadata=_help("Nucleus (top-p) mass; 1.0 = off."))
+    seed: int = field(default=0, metadata=_help("Seed of the run's random draws."))
+    gamma: int = field(default=4, metadata=_help("Draft length: tokens drafted per round."))
+    stop: tuple[str, ...] = field(default=(), metadata=_help("Stop string (repeatable)."))
+    ignore_eos: bool = field(
+        default=False, metadata=_help("Keep generating past the end-of-sequence token.")
+    )
+    srdv_k: int = field(default=4, metadata=_help("X-CoSD-E: candidates K per round."))
+    srdv_m: int = field(
+        default=2, metadata=_help("X-CoSD-E: candidate rounds M before the fallback on the cloud.")
+    )
+    hr_piggyback: bool = field(
+        default=True, metadata=_help("X-CoSD: a pre-drawn O-sample rides on the reply.")
+    )
     # Precision of a target distribution the cloud must ship (Naive, CoSD, HR, TR, PicoSpec,
     # AceSpec): 16 is the papers' setting; 32 keeps TV(q, q̂) below 1e-5 per token at T = 1
     # on Qwen2.5-Coder-0.5B (docs/EXACTNESS.md). Methods that decide on the cloud ignore it.
-    q_bits: int = 32
-    tr_k: int = 8  # TR: top-k of q that travels
-    uhlm_samples: int = 20
-    uhlm_eta_max: float = 2.0
-    uhlm_threshold: float = 0.5
-    min_p: float = 0.0  # 0 = off
-    repetition_penalty: float = 1.0  # 1.0 = off
-    tree_budget: int = 16  # AceSpec: B_max, branch tips per tree pass (the main one included)
-    tree_allocation: str = "geometric"  # AceSpec: how tips spread over depths (the ablation)
-    tree_fixed: bool = False  # AceSpec: always use tree_budget, ignoring the network window
+    q_bits: int = field(
+        default=32,
+        metadata=_help(
+            "Precision of a q shipped to the edge (16, 24 or 32; 16 = the papers' bits)."
+        ),
+    )
+    tr_k: int = field(default=8, metadata=_help("TR: top-k of q that travels."))
+    uhlm_samples: int = field(
+        default=20, metadata=_help("U-HLM: temperature-perturbed draft samples per token.")
+    )
+    uhlm_eta_max: float = field(
+        default=2.0, metadata=_help("U-HLM: highest temperature of those samples.")
+    )
+    uhlm_threshold: float = field(
+        default=0.5, metadata=_help("U-HLM: uncertainty above which a draft token is verified.")
+    )
+    min_p: float = field(
+        default=0.0, metadata=_help("Drop tokens below this share of the likeliest; 0 = off.")
+    )
+    repetition_penalty: float = field(default=1.0, metadata=_help("Repetition penalty; 1.0 = off."))
+    tree_budget: int = field(
+        default=16,
+        metadata=_help("AceSpec: B_max, branch tips per tree pass (the main one included)."),
+    )
+    tree_allocation: str = field(
+        default="geometric",
+        metadata=_help("AceSpec: how tips spread over depths: single, uniform or geometric."),
+    )
+    tree_fixed: bool = field(
+        default=False,
+        metadata=_help("AceSpec: always use the full tree budget, ignoring the network window."),
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.stop, list | tuple):
