@@ -32,6 +32,7 @@ from wanspec.protocols.base import (
 from wanspec.protocols.budget import DEFAULT_POWER_LAW
 from wanspec.protocols.cache import CacheMirror
 from wanspec.protocols.registry import METHODS, build_machines, make_edge, target_info
+from wanspec.protocols.schemes import Ask, Resolved
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.protocols.stopping import _is_byte_token, matching_mode
 from wanspec.protocols.stream import SplitCloud
@@ -294,6 +295,77 @@ def test_a_byte_level_decoder_inside_a_sequence_still_matches_bytes() -> None:
     tokenizer = PreTrainedTokenizerFast(tokenizer_object=backend)
     assert matching_mode(tokenizer) == "byte_level"
     assert StopStringCriteria._get_stop_string_matching_mode(tokenizer) == "byte_level"
+
+
+def _edge_picture(edge, rnd) -> tuple:
+    """What an edge hook could change: the machine's fields and the round's."""
+    return (
+        edge.state, dict(edge.counters), edge.generated, list(edge.pending_echo),
+        list(edge.accepted_per_round), list(edge.draft_ctx), edge.round is rnd, edge._next_job,
+        rnd.index, rnd.base, list(rnd.tokens), list(rnd.probs), rnd.rejected_at, rnd.replies,
+    )  # fmt: skip
+
+
+def _cloud_picture(cloud, rej) -> tuple:
+    return (
+        cloud.state, dict(cloud.counters), list(cloud.output), cloud._next_job, len(cloud.inbox),
+        cloud.rejection is rej, rej.index, rej.position, rej.resolved, rej.replies,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("world", "method", "settings"),
+    [
+        ("shared", "sd", {}),
+        ("shared", "acespec", {"tree_budget": 4}),
+        ("hetero", "xcosd", {"hr_piggyback": False}),
+        ("hetero", "xcosd-e", {"srdv_k": 1, "srdv_m": 2, "temperature": 0.5}),
+        ("hetero", "acespec-x", {"srdv_k": 1, "srdv_m": 1}),
+        ("hetero", "tr", {}),
+        ("hetero", "gr", {}),
+    ],
+)
+def test_a_scheme_returns_its_decision_and_leaves_the_machines_to_apply_it(
+    request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch, world, method, settings
+) -> None:
+    """A scheme's hooks draw and decide; committing, sending and counting are the machines' (one
+    place each side), so a hook changes no field of its machine or of the round it decides."""
+    scheme = METHODS[method].scheme
+    decisions: list = []
+
+    def watch_edge(hook):
+        def wrapped(self, edge, rnd, msg):
+            before = _edge_picture(edge, rnd)
+            decision = hook(self, edge, rnd, msg)
+            assert _edge_picture(edge, rnd) == before, f"{hook.__name__} changed the edge"
+            assert isinstance(decision, Resolved | Ask), decision
+            decisions.append(type(decision))
+            return decision
+
+        return wrapped
+
+    def watch_cloud(hook):
+        def wrapped(self, cloud, rej, *msg):
+            before = _cloud_picture(cloud, rej)
+            reply = hook(self, cloud, rej, *msg)
+            assert _cloud_picture(cloud, rej) == before, f"{hook.__name__} changed the cloud"
+            assert isinstance(reply, wire.VerifyResult | wire.Candidates | wire.OToken), reply
+            decisions.append(type(reply))
+            return reply
+
+        return wrapped
+
+    monkeypatch.setattr(scheme, "edge_on_reject", watch_edge(scheme.edge_on_reject))
+    for name in ("cloud_reply", "cloud_on_request"):
+        monkeypatch.setattr(scheme, name, watch_cloud(getattr(scheme, name)))
+    the_world = request.getfixturevalue(f"{world}_world")
+    for seed in range(4):
+        sim, _, _ = the_world.run(method, seed=seed, max_new_tokens=16, gamma=3, **settings)
+        assert (sim.finish_reason, len(sim.tokens)) == ("length", 16)
+    wanted = {wire.VerifyResult} if method == "gr" else {Resolved, wire.VerifyResult}
+    if method in ("sd", "xcosd", "xcosd-e", "acespec-x"):
+        wanted.add(Ask)  # the draft's p, an O-sample, more candidates, the fallback
+    assert wanted <= set(decisions)
 
 
 # ----------------------------------------------------------------------------- the pipeline cache

@@ -10,16 +10,21 @@ exactly reported p̃, so it is exact with respect to q. A scheme that ships q to
 (`round_target` returns a `Rounded`) rounds it to `q_bits`-bit counts at every position it
 verifies, and both sides decide with that q̂, so it is exact with respect to q̂; the cloud sums
 TV(q, q̂) over those positions into the run's `tv_bound`.
+
+A hook draws what its method draws and returns what to do, as plain data; the machines apply it
+in one place. The edge's hook returns `Resolved` (commit) or `Ask` (send and wait), the cloud's
+the message to answer with.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from wanspec import wire
-from wanspec.protocols.base import Action, ErrorCode, ProtocolError, Send
+from wanspec.protocols.base import ErrorCode, ProtocolError
 from wanspec.sampling import (
     HybridPayload,
     Rounded,
@@ -36,9 +41,49 @@ from wanspec.sampling import (
     truncated_residual_sample,
     uhlm_uncertainty,
 )
+from wanspec.sampling.draft import DraftRow
 
 if TYPE_CHECKING:
     from wanspec.protocols.speculative import Rejection, Round, SpecCloud, SpecEdge
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """The rejected position is settled: commit the `accepted` drafts and `token`, which the
+    edge echoes to the cloud when it chose it (`decided_by_edge`)."""
+
+    accepted: int
+    token: int
+    decided_by_edge: bool
+    counts: tuple[str, ...] = ()  # edge counters this outcome adds one to
+
+
+@dataclass(frozen=True)
+class Ask:
+    """The rejected position is still open: send `msg` to the cloud and wait for its answer."""
+
+    msg: wire.Message
+    counts: tuple[str, ...] = ()  # edge counters this request adds one to
+
+
+Decision = Resolved | Ask
+
+
+def wire_dist(row: DraftRow) -> wire.Dist:
+    """A drafted position's p̃ as it travels (sparse: the candidates with a count)."""
+    return wire.Dist(row.width, row.ids, row.counts)
+
+
+def rejected_dist_message(rnd: Round, position: int, width: int) -> wire.DraftWithDists:
+    """What the cloud needs to draw the residual itself: the rejected token and its full p̃."""
+    return wire.DraftWithDists(
+        rnd.index,
+        rnd.base,
+        tokens=(rnd.tokens[position],),
+        width=width,
+        dist_positions=(0,),
+        dists=(wire_dist(rnd.dists[position]),),
+    )
 
 
 def reply_dist(msg: Any, width: int) -> wire.Dist:
@@ -76,10 +121,11 @@ class Scheme:
     def upload_positions(self, edge: SpecEdge, rnd: Round) -> list[int]:
         return list(range(len(rnd.tokens)))
 
-    def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> list[Action]:
-        """Handle a VerifyResult / Candidates / OToken at a rejection; commit or ask again."""
+    def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> Decision:
+        """What a VerifyResult / Candidates / OToken at a rejection decides: commit or ask again.
+        It reads the edge and draws from its rng, and changes nothing else of it."""
         if isinstance(msg, wire.VerifyResult) and msg.token is not None:
-            return edge.finish_round(rnd, msg.accepted, msg.token, decided_by_edge=False)
+            return Resolved(msg.accepted, msg.token, decided_by_edge=False)
         raise ProtocolError(f"{self.name}: unexpected {type(msg).__name__} at a rejection")
 
     # ---- cloud
@@ -97,6 +143,7 @@ class Scheme:
         raise NotImplementedError
 
     def cloud_on_request(self, cloud: SpecCloud, rej: Rejection, msg: Any) -> wire.Message:
+        """The answer to a follow-up request; the cloud sends it and keeps the record."""
         raise ProtocolError(f"{self.name}: unexpected {type(msg).__name__}")
 
 
@@ -117,11 +164,11 @@ class ResidualDownlink(ShipsTarget):
         dist = wire.Dist.from_dense(rej.rounded.counts, rej.rounded.bits)
         return wire.VerifyResult(rej.index, rej.position, dist=dist)
 
-    def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> list[Action]:
+    def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> Decision:
         n = msg.accepted
         target = dist_probs(reply_dist(msg, edge.alignment.target_width))
         token = sample_residual(target, edge.draft_probs(rnd, n), edge.rng)
-        return edge.finish_round(rnd, n, token, decided_by_edge=True)
+        return Resolved(n, token, decided_by_edge=True)
 
 
 class UplinkDists(Scheme):
@@ -165,11 +212,11 @@ class AskForDraftDist(Scheme):
     def cloud_reply(self, cloud: SpecCloud, rej: Rejection) -> wire.Message:
         return wire.VerifyResult(rej.index, rej.position)  # no token: "send me p_j"
 
-    def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> list[Action]:
+    def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> Decision:
         if isinstance(msg, wire.VerifyResult) and msg.token is None:
-            n = msg.accepted
-            edge.count("draft_dist_requests")
-            return [Send(edge.rejected_dist_message(rnd, n))]
+            width = edge.alignment.target_width
+            message = rejected_dist_message(rnd, msg.accepted, width)
+            return Ask(message, counts=("draft_dist_requests",))
         return super().edge_on_reject(edge, rnd, msg)
 
     def cloud_on_request(self, cloud: SpecCloud, rej: Rejection, msg: Any) -> wire.Message:
@@ -220,13 +267,13 @@ class Hybrid(Scheme):
             pieces=pieces,
         )
 
-    def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> list[Action]:
+    def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> Decision:
         if isinstance(msg, wire.OToken):
-            edge.count("hr_o_requests")
-            return edge.finish_round(rnd, rnd.rejected_at, msg.token, decided_by_edge=True)
+            counts = ("hr_o_requests",)
+            return Resolved(rnd.rejected_at, msg.token, decided_by_edge=True, counts=counts)
         return self.resolve(edge, rnd, msg)
 
-    def resolve(self, edge: SpecEdge, rnd: Round, msg: wire.VerifyResult) -> list[Action]:
+    def resolve(self, edge: SpecEdge, rnd: Round, msg: wire.VerifyResult) -> Decision:
         n = msg.accepted
         if msg.dist is None:
             raise ProtocolError("hybrid resampling needs q restricted to C")
@@ -238,11 +285,10 @@ class Hybrid(Scheme):
         theta_o = float(dequantize(np.array([msg.theta_o or 0]), msg.dist.bits)[0])
         payload = HybridPayload(target_common, theta_o, msg.o_token)
         choice = hybrid_edge_resolve(payload, edge.draft_probs(rnd, n), edge.common, edge.rng)
-        edge.count(f"hr_region_{choice.region}")
+        counts = (f"hr_region_{choice.region}",)
         if choice.token is None:
-            rnd.rejected_at = n
-            return [Send(wire.ResampleRequest(rnd.index, wire.ResampleKind.O_SAMPLE))]
-        return edge.finish_round(rnd, n, choice.token, decided_by_edge=True)
+            return Ask(wire.ResampleRequest(rnd.index, wire.ResampleKind.O_SAMPLE), counts)
+        return Resolved(n, choice.token, decided_by_edge=True, counts=counts)
 
     def cloud_on_request(self, cloud: SpecCloud, rej: Rejection, msg: Any) -> wire.Message:
         if isinstance(msg, wire.ResampleRequest) and msg.kind == wire.ResampleKind.O_SAMPLE:
@@ -268,13 +314,11 @@ class ServerResampleDeviceVerify(Scheme):
 
     def cloud_reply(self, cloud: SpecCloud, rej: Rejection) -> wire.Message:
         candidates, pieces = self._candidates(cloud, rej)
-        rej.candidate_rounds = 1
         return wire.VerifyResult(rej.index, rej.position, candidates=candidates, pieces=pieces)
 
     def cloud_on_request(self, cloud: SpecCloud, rej: Rejection, msg: Any) -> wire.Message:
         if isinstance(msg, wire.CandidatesRequest):
             self._check_request(cloud, rej, msg)
-            rej.candidate_rounds += 1
             candidates, pieces = self._candidates(cloud, rej)
             return wire.Candidates(rej.index, candidates, pieces)
         token = resample_with_draft(rej, msg, cloud.rng)
@@ -282,36 +326,34 @@ class ServerResampleDeviceVerify(Scheme):
 
     @staticmethod
     def _check_request(cloud: SpecCloud, rej: Rejection, msg: wire.CandidatesRequest) -> None:
-        """The edge asks for the request's K candidates, and for at most M sets in all."""
+        """The edge asks for the request's K candidates, and for at most M sets in all (every
+        answer about the position so far was a candidate set)."""
         k, m = cloud.settings.srdv_k, cloud.settings.srdv_m
         if msg.k != k:
             raise ProtocolError(f"{msg.k} candidates asked for, but the request's srdv_k is {k}")
-        if rej.candidate_rounds >= m:
+        if rej.replies >= m:
             raise ProtocolError(
-                f"candidate set {rej.candidate_rounds + 1} asked for round {rej.index}, but the "
+                f"candidate set {rej.replies + 1} asked for round {rej.index}, but the "
                 f"request's srdv_m is {m}",
                 ErrorCode.LIMIT,
             )
 
-    def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> list[Action]:
+    def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> Decision:
         if isinstance(msg, wire.VerifyResult) and msg.candidates is None:
             return super().edge_on_reject(edge, rnd, msg)  # the cloud's fallback token
-        if isinstance(msg, wire.VerifyResult):
-            rnd.rejected_at = msg.accepted
-        rnd.candidate_rounds += 1
-        edge.count("srdv_candidate_rounds")
         width = edge.alignment.target_width
         if not msg.candidates or any(not 0 <= y < width for y, _ in msg.candidates):
             raise ProtocolError(f"SR-DV needs candidates within the target vocabulary [0, {width})")
         ids, probs = zip(*msg.candidates, strict=True)
         draft = edge.draft_probs(rnd, rnd.rejected_at)
         token = srdv_edge_verify(ids, probs, draft, edge.rng)
+        counts = ("srdv_candidate_rounds",)
         if token is not None:
-            return edge.finish_round(rnd, rnd.rejected_at, token, decided_by_edge=True)
-        if rnd.candidate_rounds < edge.settings.srdv_m:
-            return [Send(wire.CandidatesRequest(rnd.index, edge.settings.srdv_k))]
-        edge.count("srdv_fallbacks")
-        return [Send(edge.rejected_dist_message(rnd, rnd.rejected_at))]
+            return Resolved(rnd.rejected_at, token, decided_by_edge=True, counts=counts)
+        if rnd.replies < edge.settings.srdv_m:  # every reply so far was a candidate set
+            return Ask(wire.CandidatesRequest(rnd.index, edge.settings.srdv_k), counts)
+        message = rejected_dist_message(rnd, rnd.rejected_at, width)
+        return Ask(message, counts=(*counts, "srdv_fallbacks"))
 
 
 class GreedyReplacement(Scheme):
@@ -334,9 +376,9 @@ class TruncatedResidual(ShipsTarget):
         dist = wire.Dist(len(rej.target), ids, counts, rej.rounded.bits)
         return wire.VerifyResult(rej.index, rej.position, dist=dist, truncated=True)
 
-    def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> list[Action]:
+    def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> Decision:
         dist = reply_dist(msg, edge.alignment.target_width)
         target = dequantize(dist.counts, dist.bits)
         draft = edge.draft_probs(rnd, msg.accepted)
         token = truncated_residual_sample(dist.ids, target, draft, edge.rng)
-        return edge.finish_round(rnd, msg.accepted, token, decided_by_edge=True)
+        return Resolved(msg.accepted, token, decided_by_edge=True)

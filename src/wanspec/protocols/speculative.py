@@ -32,7 +32,7 @@ from wanspec.protocols.base import (
 )
 from wanspec.protocols.cache import CacheMirror
 from wanspec.protocols.endpoints import EdgeMachine, TargetInfo
-from wanspec.protocols.schemes import Scheme
+from wanspec.protocols.schemes import Ask, Decision, Resolved, Scheme, wire_dist
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sampling import (
     Rounded,
@@ -60,8 +60,8 @@ class Round:
     dists: list[DraftRow] = field(default_factory=list)
     draft_logits: list[np.ndarray] = field(default_factory=list)
     keys: list[int] = field(default_factory=list)  # per token: its draft stream's key (pipelines)
-    candidate_rounds: int = 0
     rejected_at: int = 0
+    replies: int = 0  # replies about the rejected position so far (the verdict's included)
 
 
 @dataclass
@@ -73,7 +73,7 @@ class Rejection:
     target: np.ndarray  # the float q at the rejected position
     rounded: Rounded | None = None  # the q̂ decided with and shipped, for schemes that ship q
     draft: np.ndarray | None = None  # p̃ there, when the edge uploaded it (UL, U-HLM)
-    candidate_rounds: int = 0  # SR-DV: candidate sets sent for it so far
+    replies: int = 0  # answers sent about it so far (the verdict's included)
     resolved: bool = False  # the cloud gave its token (or O-sample): nothing more may be asked
 
 
@@ -210,18 +210,7 @@ class SpecEdge(EdgeMachine):
             tokens=tuple(rnd.tokens),
             width=self.alignment.target_width,
             dist_positions=tuple(positions),
-            dists=tuple(_wire_dist(rnd.dists[i]) for i in positions),
-        )
-
-    def rejected_dist_message(self, rnd: Round, position: int) -> wire.DraftWithDists:
-        """SD's answer to the cloud: the rejected token and its full draft distribution."""
-        return wire.DraftWithDists(
-            rnd.index,
-            rnd.base,
-            tokens=(rnd.tokens[position],),
-            width=self.alignment.target_width,
-            dist_positions=(0,),
-            dists=(_wire_dist(rnd.dists[position]),),
+            dists=tuple(wire_dist(rnd.dists[i]) for i in positions),
         )
 
     # ---- replies
@@ -235,7 +224,7 @@ class SpecEdge(EdgeMachine):
             if msg.accepted == len(rnd.tokens):
                 if msg.token is None:
                     raise ProtocolError("all tokens accepted but no bonus token")
-                return self.finish_round(rnd, msg.accepted, msg.token, decided_by_edge=False)
+                return self._apply(rnd, Resolved(msg.accepted, msg.token, decided_by_edge=False))
             rnd.rejected_at = msg.accepted
         elif isinstance(msg, wire.VerifyResult) and msg.accepted != rnd.rejected_at:
             raise ProtocolError(
@@ -243,10 +232,23 @@ class SpecEdge(EdgeMachine):
                 "was rejected"
             )
         self.state = EdgeState.RESOLVING
+        rnd.replies += 1
         try:
-            return self.scheme.edge_on_reject(self, rnd, msg)
+            decision = self.scheme.edge_on_reject(self, rnd, msg)
         except ValueError as exc:  # the reply's numbers admit no valid draw
             raise ProtocolError(f"bad reply: {exc}") from exc
+        return self._apply(rnd, decision)
+
+    def _apply(self, rnd: Round, decision: Decision) -> list[Action]:
+        """Carry out what a verdict or the scheme decided: the one place a round's outcome
+        touches the edge (counters, then the commit or the request)."""
+        for name in decision.counts:
+            self.count(name)
+        if isinstance(decision, Ask):
+            return [Send(decision.msg)]
+        return self.finish_round(
+            rnd, decision.accepted, decision.token, decided_by_edge=decision.decided_by_edge
+        )
 
     def finish_round(
         self, rnd: Round, accepted: int, token: int, *, decided_by_edge: bool
@@ -359,7 +361,7 @@ class SpecCloud(Machine):
         rejection.resolved = isinstance(reply, wire.OToken) or (
             isinstance(reply, wire.VerifyResult) and reply.token is not None
         )
-        return self._reply(reply)
+        return self._answer(rejection, reply)
 
     def _next_draft(self) -> list[Action]:
         """Verify the next queued draft that extends the output, if none is being verified. A
@@ -449,7 +451,7 @@ class SpecCloud(Machine):
             self.rejection = Rejection(
                 msg.round, accepted, targets[accepted], rounded[accepted], dists.get(accepted)
             )
-            actions = self._reply(self.scheme.cloud_reply(self, self.rejection))
+            actions = self._answer(self.rejection, self.scheme.cloud_reply(self, self.rejection))
         return [*actions, *self._next_draft()]
 
     def _add_tv(self, rounded: list[Rounded | None]) -> None:
@@ -457,6 +459,11 @@ class SpecCloud(Machine):
         q̂ have law q̂, not q: their TV(q, q̂) adds to the run's bound."""
         tv = sum(r.tv for r in rounded if r is not None)
         self.counters["tv_bound"] = self.counters.get("tv_bound", 0.0) + tv
+
+    def _answer(self, rejection: Rejection, reply: wire.Message) -> list[Action]:
+        """Send what the scheme answered about a rejected position, counted on its record."""
+        rejection.replies += 1
+        return self._reply(reply)
 
     def _reply(self, reply: wire.Message) -> list[Action]:
         """Send a reply; a token the cloud chose itself joins its output at once."""
@@ -499,11 +506,6 @@ class LazyRows(Sequence[Any]):
 def _bad_draft(msg: Draft, reason: str, code: ErrorCode = ErrorCode.PROTOCOL) -> ProtocolError:
     """The error for a draft the cloud refuses, naming its round."""
     return ProtocolError(f"draft for round {msg.round}: {reason}", code)
-
-
-def _wire_dist(row: DraftRow) -> wire.Dist:
-    """A drafted position's p̃ as it travels (sparse: the candidates with a count)."""
-    return wire.Dist(row.width, row.ids, row.counts)
 
 
 def _count_of(dist: wire.Dist, token: int) -> int:
