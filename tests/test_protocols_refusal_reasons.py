@@ -206,3 +206,17 @@ def test_the_cloud_refuses_an_unknown_method_and_another_target_with_their_codes
         what = field.replace("_", " ")
         assert code == int(ErrorCode.MISMATCH), field
         assert message.startswith(f"the edge expects {what} ffffffffffff, this cloud runs ")
+
+
+def test_a_reply_of_another_methods_kind_at_a_rejection_is_refused(shared_world: World) -> None:
+    """SR-DV's edge, having rejected the cloud's only candidate, asks for more; an O-token (HR's
+    answer) is a message its state accepts for some method, not for this one: refused as the
+    peer's mistake, never read as if it were a candidate set."""
+    edge = _edge_with_a_draft_up(shared_world, "xcosd-e")
+    drafted = edge.round.tokens[1]  # p̃ > 0 there, so a candidate with q ≈ 0 is rejected
+    first = wire.VerifyResult(0, 1, candidates=((drafted, 1e-12),))
+    asked = edge.handle(MessageReceived(first))
+    assert any(isinstance(a, Send) and isinstance(a.msg, wire.CandidatesRequest) for a in asked)
+    reason = "srdv: unexpected OToken at a rejection"
+    refused = refusal(edge.handle(MessageReceived(wire.OToken(0, 5, "x"))))
+    assert refused == (int(ErrorCode.PROTOCOL), reason)

@@ -116,6 +116,8 @@ class Scheme:
     name = "base"
     uploads_dists = False  # UL-style: the draft distributions travel with the draft
     keeps_draft_logits = False  # the edge needs each position's draft logits (U-HLM)
+    # the reply types this method's cloud may send about a rejected position
+    replies_at_rejection: tuple[type, ...] = (wire.VerifyResult,)
 
     # ---- edge
     def upload_positions(self, edge: SpecEdge, rnd: Round) -> list[int]:
@@ -232,6 +234,7 @@ class Hybrid(Scheme):
     (`hybrid_bins`); the O-sample is drawn from the float q restricted to O."""
 
     name = "hr"
+    replies_at_rejection = (wire.VerifyResult, wire.OToken)
 
     def round_target(self, cloud: SpecCloud, target: np.ndarray) -> Rounded | None:
         bins = hybrid_bins(target, cloud.common, cloud.alignment.common_target_ids)
@@ -304,6 +307,7 @@ class ServerResampleDeviceVerify(Scheme):
     method is exact with respect to the float q."""
 
     name = "srdv"
+    replies_at_rejection = (wire.VerifyResult, wire.Candidates)
 
     def _candidates(self, cloud: SpecCloud, rej: Rejection) -> tuple[tuple, tuple]:
         ids, probs = srdv_cloud_candidates(rej.target, cloud.settings.srdv_k, cloud.rng)

@@ -231,6 +231,10 @@ class SpecEdge(EdgeMachine):
                 f"a follow-up verdict at position {msg.accepted}, but position {rnd.rejected_at} "
                 "was rejected"
             )
+        if not isinstance(msg, self.scheme.replies_at_rejection):
+            raise ProtocolError(
+                f"{self.scheme.name}: unexpected {type(msg).__name__} at a rejection"
+            )
         self.state = EdgeState.RESOLVING
         rnd.replies += 1
         try:
