@@ -267,7 +267,21 @@ def test_hr_asks_for_an_o_sample_only_without_the_piggyback(
     assert requests == (0 if piggyback else picked_o)
 
 
-def test_uhlm_counts_the_drafts_it_lets_through_unverified(hetero_world: World) -> None:
+def test_uhlm_counts_the_drafts_it_lets_through_unverified(
+    hetero_world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """U-HLM's scheme picks the positions to upload and changes nothing of the edge; the edge
+    counts the drafts left out."""
+    scheme = METHODS["uhlm"].scheme
+    pick = scheme.upload_positions
+
+    def watched(self, edge, rnd):
+        before = _edge_picture(edge, rnd)
+        positions = pick(self, edge, rnd)
+        assert _edge_picture(edge, rnd) == before, "upload_positions changed the edge"
+        return positions
+
+    monkeypatch.setattr(scheme, "upload_positions", watched)
     sim, edge, _ = hetero_world.run(
         "uhlm", trace=True, seed=5, max_new_tokens=16, gamma=4, uhlm_threshold=0.9
     )

@@ -116,6 +116,8 @@ class Scheme:
     name = "base"
     uploads_dists = False  # UL-style: the draft distributions travel with the draft
     keeps_draft_logits = False  # the edge needs each position's draft logits (U-HLM)
+    # the edge counter of drafted tokens not uploaded for verification (None: all are uploaded)
+    skipped_counter: str | None = None
     # the reply types this method's cloud may send about a rejected position
     replies_at_rejection: tuple[type, ...] = (wire.VerifyResult,)
 
@@ -190,6 +192,7 @@ class UncertaintySkip(UplinkDists):
 
     name = "uhlm"
     keeps_draft_logits = True
+    skipped_counter = "uhlm_skipped"
 
     def upload_positions(self, edge: SpecEdge, rnd: Round) -> list[int]:
         s = edge.settings
@@ -201,7 +204,6 @@ class UncertaintySkip(UplinkDists):
             )
             > s.uhlm_threshold
         ]
-        edge.count("uhlm_skipped", len(rnd.tokens) - len(positions))
         return positions
 
 

@@ -187,7 +187,10 @@ class SpecEdge(EdgeMachine):
     def _upload(self) -> list[Action]:
         rnd = self.round
         if self.scheme.uploads_dists:
-            msg: Draft = self.dists_message(rnd, self.scheme.upload_positions(self, rnd))
+            positions = self.scheme.upload_positions(self, rnd)
+            if self.scheme.skipped_counter is not None:
+                self.count(self.scheme.skipped_counter, len(rnd.tokens) - len(positions))
+            msg: Draft = self.dists_message(rnd, positions)
         else:
             msg = wire.Draft(
                 rnd.index, rnd.base, tuple(self.pending_echo), tuple(rnd.tokens), tuple(rnd.probs)
