@@ -46,7 +46,8 @@ class DraftRetokenizer:
         self.strict = strict
         self.lost_bytes = 0
         self._pending = bytearray()
-        _ = alignment.draft.encoder  # built once per vocabulary, before a round, not inside one
+        if not alignment.is_identity:  # one vocabulary never retokenises: nothing to build
+            _ = alignment.draft.encoder  # built once per vocabulary, before a round, not in one
 
     @property
     def pending(self) -> bytes:
