@@ -124,7 +124,7 @@ FAST_EDGES = 3
 
 def _per_round_s(runs: list[RemoteRun]) -> float:
     """Wall seconds per verified round, averaged over the fast edges."""
-    return sum(r.drive.duration_s / max(1, len(r.edge.accepted_per_round)) for r in runs) / len(
+    return sum(r.record.duration_s / max(1, len(r.edge.accepted_per_round)) for r in runs) / len(
         runs
     )
 

@@ -157,7 +157,7 @@ def test_a_malformed_frame_is_answered_with_an_error(garbage: bytes, code: int, 
         machine = Scripted(lambda event: [])
         async with socket_pair() as ((cr, cw), (sr, sw)):
             cw.write(garbage)
-            result = await drive(machine, MessageStream(sr, sw), _job(0, []))
+            result, _ = await drive(machine, MessageStream(sr, sw), _job(0, []))
             return await read_message(cr), result.finish_reason
 
     error, reason = run(scenario())
@@ -178,7 +178,7 @@ def test_a_silent_peer_hits_the_idle_timeout_but_not_while_this_side_computes() 
         async with socket_pair() as ((cr, _), (sr, sw)):
             began = time.monotonic()
             stream = MessageStream(sr, sw)
-            result = await drive(
+            result, _ = await drive(
                 Scripted(script), stream, lambda job: time.sleep(0.6), limits=limits
             )
             return result, await read_message(cr), time.monotonic() - began
@@ -221,7 +221,7 @@ def test_a_protocol_error_outside_a_machines_policy_reaches_the_peer_with_its_co
         async with socket_pair() as ((cr, cw), (sr, sw)):
             await write_message(cw, wire.StartRequest(0, "hi", {"temperature": -1}))
             stream = MessageStream(sr, sw)
-            result = await drive(machine, stream, _job(0, []), inspect=inspect)
+            result, _ = await drive(machine, stream, _job(0, []), inspect=inspect)
             return await read_message(cr), result.finish_reason
 
     error, reason = run(scenario())
@@ -286,8 +286,8 @@ def test_the_peers_error_frame_is_reported() -> None:
             await write_message(cw, wire.Error(int(ErrorCode.BUSY), "busy"))
             return await drive(Scripted(script), MessageStream(sr, sw), _job(0, []))
 
-    result = run(scenario())
-    assert result.peer_error == wire.Error(int(ErrorCode.BUSY), "busy")
+    result, peer_error = run(scenario())
+    assert peer_error == wire.Error(int(ErrorCode.BUSY), "busy")
     assert result.finish_reason == "error: peer says busy"
 
 

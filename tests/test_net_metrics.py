@@ -92,11 +92,11 @@ def test_frame_and_bit_counters_equal_the_edges_own(
     runs: list[RemoteRun], server: CloudServer
 ) -> None:
     value = server.metrics.value
-    for direction, side in (("up", "sent_by_type"), ("down", "received_by_type")):
+    for direction in ("up", "down"):
         frames: Counter[str] = Counter()
         bits: Counter[str] = Counter()
         for r in runs:
-            for kind, (count, size) in getattr(r.drive, side).items():
+            for kind, (count, size) in r.record.traffic_by_type[direction].items():
                 frames[kind] += count
                 bits[kind] += size
         assert ("Draft" if direction == "up" else "VerifyResult") in bits

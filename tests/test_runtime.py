@@ -160,6 +160,16 @@ def test_tally_counts_messages_and_bits_by_type_in_first_seen_order() -> None:
     assert list(tally.pairs().items()) == [("Pong", (2, 40)), ("Ping", (1, 8))]
 
 
+def test_merged_tallies_add_up_by_type_with_the_first_ones_types_first() -> None:
+    sent, received = TypeTally(), TypeTally()
+    sent.add(Ping(1), 8)
+    received.add(Pong(1), 16)
+    received.add(Ping(2), 24)
+    both = sent.merged(received)
+    assert list(both.pairs().items()) == [("Ping", (2, 32)), ("Pong", (1, 16))]
+    assert sent.pairs() == {"Ping": (1, 8)}  # the operands are left as they were
+
+
 def test_charge_tallies_seconds_by_label_and_counts_jobs_not_pieces() -> None:
     side = SideRuntime("cloud")
     side.charge("prefill", 0.25, job=False)  # a long prefill's piece

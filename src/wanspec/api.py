@@ -376,6 +376,6 @@ def _generate_remote(
         draft, name = _load_lm(pair, torch.float32, None)
         edge = load_edge(draft, target_tokenizer, server, options, draft_name=name)
     run = generate_remote(edge, prompt, method, gen, server, options)
-    stats = _stats(method, run.record(), run.edge, None)
+    stats = _stats(method, run.record, run.edge, None)
     stats.update(run.transport_stats())
     return GenerationResult(edge.decode(run.tokens), run.tokens, stats)

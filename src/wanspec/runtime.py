@@ -21,6 +21,7 @@ from typing import Any, Literal, NamedTuple
 from wanspec.protocols.base import Cancel, Compute, Emit, Finish, Send, Side
 
 Direction = Literal["up", "down"]  # up: edge to cloud
+SENDS_ON: dict[Side, Direction] = {"edge": "up", "cloud": "down"}  # where a side's messages go
 Trace = Callable[..., None]  # trace(what, **info): a step the driver may want on record
 
 
@@ -49,6 +50,14 @@ class TypeTally:
         """(messages, bits) by type."""
         return {kind: (count, self.bits[kind]) for kind, count in self.messages.items()}
 
+    def merged(self, other: TypeTally) -> TypeTally:
+        """Both tallies together (one side's sent and received), this one's types first."""
+        both = TypeTally(dict(self.messages), dict(self.bits))
+        for kind, count in other.messages.items():
+            both.messages[kind] = both.messages.get(kind, 0) + count
+            both.bits[kind] = both.bits.get(kind, 0) + other.bits[kind]
+        return both
+
 
 @dataclass(frozen=True)
 class TraceRecord:
@@ -64,12 +73,15 @@ class TraceRecord:
 
 @dataclass
 class SimResult:
-    """Everything measured during one request: the simulator's record of both sides (virtual
-    seconds), and the network driver's of the edge's side (`wanspec.net.client.RemoteRun.record`,
-    wall-clock seconds).
+    """Everything measured during one request, the one record every driver returns: the
+    simulator's of both sides (virtual seconds), or the network driver's of the one side it
+    drove (`wanspec.net.driver.drive`, wall-clock seconds; the per-side dicts hold that side).
 
     `protocol_cpu_s` / `codec_cpu_s`: per side, the machines' own CPU the run was charged
-    (handlers plus codec, and the codec's share of it), or None when it was not charged."""
+    (handlers plus codec, and the codec's share of it), or None when it was not charged.
+    `traffic_by_type`: (messages, bits) by type per direction, as the machine sent and decoded
+    them (network driver only; its `bits` and `messages` count the connection's frames, which
+    include a resumed session's replays)."""
 
     finish_reason: str
     duration_s: float
@@ -83,10 +95,13 @@ class SimResult:
     computes: dict[Side, int]
     retransmissions: dict[Direction, int]
     events: int
+    computes_by_tag: dict[Side, dict[str, int]] = field(default_factory=dict)  # jobs by `Purpose`
     cloud_finish: str | None = None
     trace: list[TraceRecord] | None = None
     protocol_cpu_s: dict[Side, float] | None = None
     codec_cpu_s: dict[Side, float] | None = None
+    handle_cpu_s: dict[Side, float] | None = None  # CPU measured in `handle` (network driver)
+    traffic_by_type: dict[Direction, dict[str, tuple[int, int]]] = field(default_factory=dict)
 
     @property
     def tokens(self) -> list[int]:
@@ -94,7 +109,7 @@ class SimResult:
 
     @property
     def token_times(self) -> list[float]:
-        """Virtual time at which each output token was emitted."""
+        """The time at which each output token was emitted."""
         return [rec.t for rec in self.emits for _ in rec.token_ids]
 
     @property

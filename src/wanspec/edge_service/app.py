@@ -187,7 +187,7 @@ class EdgeService:
             )  # fmt: skip
 
     def outcome(self, job: Job, run: ResumableRun, text: TextStream, began: float) -> Outcome:
-        reason = run.final.drive.finish_reason
+        reason = run.final.record.finish_reason
         finish = "length" if reason == "length" and not text.stopped else "stop"
         prompt_tokens = len(job.edge.target_encode(job.prompt))
         stats = request_stats(run, self.method, job.settings.gamma, time.monotonic() - began)

@@ -34,7 +34,7 @@ import numpy as np
 from wanspec import wire
 from wanspec.models.jobs import run_job
 from wanspec.models.registry import prompt_encoder
-from wanspec.net.driver import DriveResult, DriverLimits, SessionAborted, drive
+from wanspec.net.driver import DriverLimits, SessionAborted, drive
 from wanspec.net.framing import ConnectionClosed, MessageStream, TrafficCounter, write_message
 from wanspec.net.resume import EdgeStream, RetryPolicy
 from wanspec.net.units import parse_address
@@ -42,7 +42,7 @@ from wanspec.protocols.base import PROTOCOL_VERSION, ErrorCode
 from wanspec.protocols.endpoints import EdgeMachine
 from wanspec.protocols.registry import edge_model_for, make_edge, table_fingerprint
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.runtime import EmitRecord, SimResult
+from wanspec.runtime import SimResult
 from wanspec.vocab import TokenTable, VocabAlignment
 
 Address = tuple[str, int]
@@ -302,10 +302,10 @@ def _edge_draft(
 
 @dataclass
 class RemoteRun:
-    """What one remote generation measured (wall-clock seconds since the session started;
-    connecting took `connect_s` before that)."""
+    """What one remote generation measured: the edge's record (wall-clock seconds since the
+    session started; connecting took `connect_s` before that) and the transport's figures."""
 
-    drive: DriveResult
+    record: SimResult
     edge: EdgeMachine
     sent: TrafficCounter  # the protocol's frames, edge → server
     received: TrafficCounter
@@ -315,34 +315,7 @@ class RemoteRun:
 
     @property
     def tokens(self) -> list[int]:
-        return self.drive.tokens
-
-    def by_type(self) -> dict[str, tuple[int, int]]:
-        """(messages, payload bits) per message type, both directions together."""
-        table = dict(self.drive.sent_by_type)
-        for kind, (count, bits) in self.drive.received_by_type.items():
-            had = table.get(kind, (0, 0))
-            table[kind] = (had[0] + count, had[1] + bits)
-        return table
-
-    def record(self) -> SimResult:
-        """This run as the simulator records one (wall-clock seconds; compute on the edge only),
-        so one description of a run (`wanspec.api.generate`'s stats) reads both."""
-        drive, by_type = self.drive, self.by_type()
-        return SimResult(
-            finish_reason=drive.finish_reason,
-            duration_s=drive.duration_s,
-            emits=[EmitRecord(t, "edge", ids) for t, ids in drive.emits],
-            bits={"up": self.sent.payload_bits, "down": self.received.payload_bits},
-            messages={"up": self.sent.messages, "down": self.received.messages},
-            bits_by_type={kind: bits for kind, (_, bits) in by_type.items()},
-            messages_by_type={kind: count for kind, (count, _) in by_type.items()},
-            compute_busy_s={"edge": sum(drive.compute_s.values())},
-            compute_by_tag={"edge": dict(drive.compute_s)},
-            computes={"edge": sum(drive.computes.values())},
-            retransmissions={"up": 0, "down": 0},
-            events=drive.events,
-        )
+        return self.record.tokens
 
     def transport_stats(self) -> dict[str, Any]:
         """What the transport adds to the protocol's payload bits, and how long connecting took.
@@ -356,8 +329,8 @@ class RemoteRun:
             "downlink_tcpip_header_bytes_est": self.received.est_tcpip_header_bytes,
             "auth_bits": self.auth_bits,
             "reconnects": int(self.extra.get("reconnects", 0)),  # resumable sessions only
-            "edge_compute_s": dict(self.drive.compute_s),
-            "edge_computes": dict(self.drive.computes),
+            "edge_compute_s": dict(self.record.compute_by_tag["edge"]),
+            "edge_computes": dict(self.record.computes_by_tag["edge"]),
         }
 
 
@@ -471,7 +444,7 @@ async def generate_async(
             transport = await _open_resumable(stream, edge, address, options, lambda: committed)
         connect_s = loop.time() - began
         session = model.new_session()
-        result = await drive(
+        result, peer_error = await drive(
             machine,
             transport,  # type: ignore[arg-type]  # an EdgeStream reads and writes like one
             functools.partial(run_job, session),
@@ -497,7 +470,7 @@ async def generate_async(
             transport.close()
             await close_stream(transport.current)
         await close_stream(stream)
-    _raise_on_error(result)
+    _raise_on_error(result, peer_error)
     run = RemoteRun(result, machine, stream.sent, stream.received, connect_s, auth_bits)
     if isinstance(transport, EdgeStream):
         run.extra["reconnects"] = transport.reconnects
@@ -623,9 +596,9 @@ async def generate_resumable(
     raise RemoteError(f"gave up after {options.max_restarts} fresh sessions")
 
 
-def _raise_on_error(result: DriveResult) -> None:
-    if result.peer_error is not None:
-        raise RemoteError(f"the server says: {result.peer_error.message}", result.peer_error.code)
+def _raise_on_error(result: SimResult, peer_error: wire.Error | None) -> None:
+    if peer_error is not None:
+        raise RemoteError(f"the server says: {peer_error.message}", peer_error.code)
     if result.finish_reason.startswith("error"):
         raise RemoteError(f"the edge ended the session: {result.finish_reason}")
 

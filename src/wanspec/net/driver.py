@@ -15,7 +15,8 @@ every result as `ComputeDone`, and the driver carries out the actions it returns
 - `Cancel` drops a queued job, or ignores the result of the running one.
 - `Emit` records the tokens with their time (and calls `on_emit`); `Finish` ends the run.
 - The queue, the cancels, the emits and the tallies are the simulator's own bookkeeping
-  (`wanspec.runtime.SideRuntime`); this driver adds the socket, the worker and the clock.
+  (`wanspec.runtime.SideRuntime`); this driver adds the socket, the worker and the clock. The
+  run's record is the simulator's type too (`wanspec.runtime.SimResult`), of this side.
 - Messages and results are stamped (`at`) with the seconds since `Start` when they arrived or
   ended, which a machine may use to steer effort (AceSpec's budget), never what it samples.
 
@@ -39,8 +40,8 @@ import contextlib
 import time
 from collections.abc import Callable, Iterable
 from concurrent.futures import Executor
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from wanspec import wire
 from wanspec.jobs import Job
@@ -55,13 +56,15 @@ from wanspec.protocols.base import (
     MessageReceived,
     ProtocolError,
     Send,
+    Side,
     Start,
     StateMachine,
 )
-from wanspec.runtime import SideRuntime, job_label
+from wanspec.runtime import SENDS_ON, Direction, SideRuntime, SimResult, job_label
 
 JobRunner = Callable[[Job], Any]
 Inspector = Callable[[wire.Message], None]
+T = TypeVar("T")
 
 
 class SessionAborted(Exception):
@@ -88,26 +91,6 @@ class DriverLimits:
     deadline_s: float | None = None  # the whole session, from Start
     write_timeout_s: float | None = 30.0  # one frame's write, back-pressure included
     max_unanswered: int | None = 64  # peer messages in a row with nothing sent back
-
-
-@dataclass
-class DriveResult:
-    """What one machine's run measured; times in seconds since `Start` (wall clock)."""
-
-    finish_reason: str
-    duration_s: float
-    emits: list[tuple[float, tuple[int, ...]]]
-    peer_error: wire.Error | None  # the Error frame the peer sent, if it sent one
-    compute_s: dict[str, float]  # wall seconds of this side's jobs, by `Purpose` (the label)
-    computes: dict[str, int]  # jobs run, by `Purpose`
-    handle_cpu_s: float  # CPU seconds inside machine.handle: this side's protocol work
-    events: int
-    sent_by_type: dict[str, tuple[int, int]] = field(default_factory=dict)  # messages, bits
-    received_by_type: dict[str, tuple[int, int]] = field(default_factory=dict)
-
-    @property
-    def tokens(self) -> list[int]:
-        return [t for _, ids in self.emits for t in ids]
 
 
 # Internal events the reader and the worker hand to the loop beside the machine's own.
@@ -143,6 +126,13 @@ async def receive(stream: MessageStream, timeout_s: float | None = None) -> wire
         raise ProtocolError(f"malformed frame: {exc}", ErrorCode.PROTOCOL) from None
     except OSError as exc:  # resets, TLS failures
         raise PeerGone(f"connection lost: {exc}") from None
+
+
+def _by_direction(side: Side, sent: T, received: T) -> dict[Direction, T]:
+    """What `side` sent and received, keyed by the direction it travelled ("up" first)."""
+    if SENDS_ON[side] == "up":
+        return {"up": sent, "down": received}
+    return {"up": received, "down": sent}
 
 
 def _timed(run_job: JobRunner, job: Job) -> tuple[Any, float]:
@@ -310,20 +300,30 @@ class _Run:
         with contextlib.suppress(SessionAborted):
             await self.send(error.to_wire())
 
-    def result(self) -> DriveResult:
-        side = self.side
+    def result(self) -> SimResult:
+        """This side's record: traffic totals from the connection's counters, the rest from the
+        runtime (the other side's entries are absent)."""
+        side, name = self.side, self.side.side
         assert side.finish is not None
-        return DriveResult(
+        counters = _by_direction(name, self.stream.sent, self.stream.received)
+        tallies = _by_direction(name, side.sent, side.received)
+        both = side.sent.merged(side.received)
+        return SimResult(
             finish_reason=side.finish,
             duration_s=self.now(),
-            emits=[(e.t, e.token_ids) for e in side.emits],
-            peer_error=self.peer_error,
-            compute_s=side.compute_s,
-            computes=side.computes,
-            handle_cpu_s=self.handle_cpu_s,
+            emits=side.emits,
+            bits={d: c.payload_bits for d, c in counters.items()},
+            messages={d: c.messages for d, c in counters.items()},
+            bits_by_type=both.bits,
+            messages_by_type=both.messages,
+            compute_busy_s={name: side.busy_s},
+            compute_by_tag={name: side.compute_s},
+            computes={name: side.jobs_run},
+            computes_by_tag={name: side.computes},
+            retransmissions={"up": 0, "down": 0},
             events=self.n_events,
-            sent_by_type=side.sent.pairs(),
-            received_by_type=side.received.pairs(),
+            handle_cpu_s={name: self.handle_cpu_s},
+            traffic_by_type={d: t.pairs() for d, t in tallies.items()},
         )
 
 
@@ -337,8 +337,9 @@ async def drive(
     first: Iterable[wire.Message] = (),
     inspect: Inspector | None = None,
     on_emit: Callable[[tuple[int, ...]], None] | None = None,
-) -> DriveResult:
-    """Run `machine` over `stream` until it finishes, and return what the run measured.
+) -> tuple[SimResult, wire.Error | None]:
+    """Run `machine` over `stream` until it finishes; return what the run measured (this side's
+    record) and the `Error` frame the peer sent, if it sent one.
 
     `run_job(job)` runs one job on this side's model session, on `executor` (None: the loop's
     default; give a single-thread one, since a session must not run two jobs at once).
@@ -367,4 +368,4 @@ async def drive(
         for task in helpers:
             task.cancel()
         await asyncio.gather(*helpers, return_exceptions=True)
-    return run.result()
+    return run.result(), run.peer_error

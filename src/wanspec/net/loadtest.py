@@ -62,7 +62,7 @@ def measure(
         max_batch_tokens=max_batch_tokens,
         tokens=sum(len(r.tokens) for r in runs),
         wall_s=wall,
-        per_edge_tokens_per_s=sum(len(r.tokens) / r.drive.duration_s for r in runs) / edges,
+        per_edge_tokens_per_s=sum(len(r.tokens) / r.record.duration_s for r in runs) / edges,
         mean_batch=value("wanspec:batch_size_sum") / passes if passes else 0.0,
     )
 

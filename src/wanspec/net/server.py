@@ -50,7 +50,6 @@ from wanspec import wire
 from wanspec.models.registry import prompt_encoder
 from wanspec.net.batching import DEFAULT_MAX_BATCH_TOKENS, DEFAULT_PREFILL_CHUNK, ModelBatcher
 from wanspec.net.driver import (
-    DriveResult,
     DriverLimits,
     PeerGone,
     SendStalled,
@@ -65,6 +64,7 @@ from wanspec.protocols.base import Action, ErrorCode, Event, ProtocolError, Purp
 from wanspec.protocols.endpoints import CloudEndpoint, TargetInfo
 from wanspec.protocols.registry import make_cloud, target_info
 from wanspec.protocols.settings import GenerationSettings
+from wanspec.runtime import SimResult
 from wanspec.vocab import VocabAlignment
 
 log = logging.getLogger("wanspec.serve")
@@ -117,12 +117,14 @@ class SessionRecord:
     peak_write_buffer: int = 0  # bytes the transport held for a slow reader, at most
     resumable: str = ""  # the resumable session's id (its first 12 characters), if it is one
 
-    def finished_with(self, result: DriveResult) -> None:
+    def finished_with(self, result: SimResult) -> None:
+        """Take the cloud's figures from its record of the session."""
+        compute_s = result.compute_by_tag["cloud"]
         self.outcome = clip(result.finish_reason, OUTCOME_CHARS)
-        self.rounds = result.computes.get(Purpose.VERIFY, 0)
-        self.forward_s = sum(result.compute_s.values())
-        self.compute_s = dict(result.compute_s)
-        self.handle_cpu_s = result.handle_cpu_s
+        self.rounds = result.computes_by_tag["cloud"].get(Purpose.VERIFY, 0)
+        self.forward_s = sum(compute_s.values())
+        self.compute_s = dict(compute_s)
+        self.handle_cpu_s = (result.handle_cpu_s or {}).get("cloud", 0.0)
 
 
 @dataclass
@@ -407,7 +409,7 @@ class CloudServer(TcpService):
 
     async def _session(
         self, record: SessionRecord, stream: MessageStream, head: wire.Message
-    ) -> DriveResult:
+    ) -> SimResult:
         """Run one session opened by `head`: a plain one, or a resumable one (`wire.Resume`,
         whose connection may be replaced by the edge's later ones)."""
         if not isinstance(head, wire.Resume):
@@ -479,12 +481,13 @@ class CloudServer(TcpService):
         stream: MessageStream | CloudStream,
         first: tuple[wire.Message, ...],
         info: TargetInfo,
-    ) -> DriveResult:
+    ) -> SimResult:
+        """Drive the session's cloud machine; returns its record of the session."""
         limits = self.limits
         session = self.target.new_session()
         machine = KvReserving(make_cloud(info), functools.partial(self._reserve_kv, info))
         try:
-            return await drive(
+            result, _ = await drive(
                 machine,
                 stream,  # type: ignore[arg-type]  # a CloudStream reads and writes like one
                 self._model.runner(session),
@@ -500,6 +503,7 @@ class CloudServer(TcpService):
             )
         finally:
             self._kv_reserved -= machine.reserved
+        return result
 
     def _reserve_kv(self, info: TargetInfo, tokens: int) -> int:
         """Take a session's KV-cache estimate (`tokens` cached at most) out of `max_kv_bytes`;

@@ -47,6 +47,7 @@ from wanspec.protocols.base import (
     StateMachine,
 )
 from wanspec.runtime import (
+    SENDS_ON,
     Direction,
     EmitRecord,
     QueuedCompute,
@@ -61,7 +62,6 @@ from wanspec.sim.profiles import Profile
 
 SizeFn = Callable[[Any], int]
 Codec = tuple[Callable[[Any], bytes], Callable[[bytes], Any]]
-_DIRECTION: dict[str, Direction] = {"edge": "up", "cloud": "down"}
 _OTHER: dict[str, Side] = {"edge": "cloud", "cloud": "edge"}
 
 
@@ -261,7 +261,7 @@ class RequestRuntime:
                 self._charge(side, encoded - began)
         else:
             size = _as_bits(self.size_fn(msg), msg)
-        direction = _DIRECTION[side.name]
+        direction = SENDS_ON[side.name]
         tx = side.channel.transmit(self.now, size)
         self.bits[direction] += size
         self.messages[direction] += 1
@@ -369,6 +369,7 @@ class RequestRuntime:
             compute_busy_s={name: s.runtime.busy_s for name, s in self.sides.items()},
             compute_by_tag={name: dict(s.runtime.compute_s) for name, s in self.sides.items()},
             computes={name: s.runtime.jobs_run for name, s in self.sides.items()},
+            computes_by_tag={name: dict(s.runtime.computes) for name, s in self.sides.items()},
             retransmissions=self.retransmissions,
             events=self.events,
             cloud_finish=self.cloud_finish,
