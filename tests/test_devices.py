@@ -266,9 +266,9 @@ def test_the_executor_hands_over_float32_cpu_rows_of_their_own(bf16_lm: HFLangua
     its storage (no view that keeps a whole pass's logits alive)."""
     execute = session_executor(bf16_lm)
     width = bf16_lm.vocab_size
-    prefill = execute(Forward(0, PROMPT_IDS, rows=1))
-    verify = execute(Forward(len(PROMPT_IDS), (3, 4, 5), rows=3))
-    tree = execute(TreeForward((6, 7, 8), (-1, 0, 0)))
+    prefill = execute(Forward(0, PROMPT_IDS, rows=1)).block
+    verify = execute(Forward(len(PROMPT_IDS), (3, 4, 5), rows=3)).block
+    tree = execute(TreeForward((6, 7, 8), (-1, 0, 0))).block
     for logits, rows in ((prefill, 1), (verify, 3), (tree, 3)):
         assert (logits.dtype, logits.device, logits.shape) == (
             torch.float32,
@@ -295,8 +295,8 @@ def test_a_batched_pass_returns_each_sessions_rows_as_alone(bf16_lm: HFLanguageM
     """In bf16 (invariant) the rows of a batched pass equal each session's alone, bit for bit,
     float32 on the CPU, only the rows each job asked for."""
     jobs = [Forward(0, PROMPT_IDS, rows=1), Forward(0, PROMPT_IDS[:4], rows=4)]
-    alone = [run_job(bf16_lm.new_session(), job) for job in jobs]
-    batched = run_jobs_batched([(bf16_lm.new_session(), job) for job in jobs])
+    alone = [run_job(bf16_lm.new_session(), job).block for job in jobs]
+    batched = [r.block for r in run_jobs_batched([(bf16_lm.new_session(), j) for j in jobs])]
     for a, b, job in zip(alone, batched, jobs, strict=True):
         assert b.dtype == torch.float32 and b.device.type == "cpu"
         assert b.shape == (job.rows, bf16_lm.vocab_size) and torch.equal(a, b)

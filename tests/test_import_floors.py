@@ -24,9 +24,19 @@ def _loaded_after(statement: str, heavy: tuple[str, ...]) -> list[str]:
     return out.stdout.split()
 
 
-def test_the_protocols_load_no_model_code() -> None:
-    modules = "import wanspec.protocols.registry, wanspec.protocols.pipeline, wanspec.jobs"
-    assert _loaded_after(modules, ("transformers", "wanspec.models.lm")) == []
+def _protocol_modules() -> list[str]:
+    folder = Path(wanspec.__file__).parent / "protocols"
+    return sorted(
+        f"wanspec.protocols.{p.stem}" for p in folder.glob("*.py") if p.stem != "__init__"
+    )
+
+
+def test_the_protocols_load_no_model_code_and_no_tensor_library() -> None:
+    """Machines get arrays: every protocol module (and the job and runtime types they use) loads
+    neither torch nor transformers nor a model module."""
+    modules = ", ".join([*_protocol_modules(), "wanspec.jobs", "wanspec.runtime"])
+    heavy = ("torch", "transformers", "wanspec.models.lm")
+    assert _loaded_after(f"import {modules}", heavy) == []
 
 
 @pytest.mark.parametrize(
@@ -37,6 +47,9 @@ def test_the_protocols_load_no_model_code() -> None:
         "wanspec.wire",
         "wanspec.link",
         "wanspec.runtime",
+        "wanspec.sampling",
+        "wanspec.sampling.proposal",
+        "wanspec.vocab",
     ],
 )
 def test_plain_data_modules_need_nothing_but_numpy(module: str) -> None:

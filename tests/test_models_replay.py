@@ -132,15 +132,15 @@ def test_results_are_copies_and_failed_jobs_are_not_stored(pairs) -> None:
     model = pairs["shared"].target
     store = JobReplay()
     job = Forward(0, (5, 9, 17), rows=2)
-    fresh = replaying_executor(model, store)(job)
+    fresh = replaying_executor(model, store)(job).block
     computed = fresh.clone()
     with torch.inference_mode():  # a pass's result, and so its replay, is an inference tensor
         fresh += 1.0  # the caller's tensor is its own: the store keeps the computed rows
-        first = replaying_executor(model, store)(job)
+        first = replaying_executor(model, store)(job).block
         assert store.passes_replayed == 1 and first.is_inference()
         assert torch.equal(first, computed)
         first.zero_()
-    assert torch.equal(replaying_executor(model, store)(job), computed)
+    assert torch.equal(replaying_executor(model, store)(job).block, computed)
     # a job that raises leaves nothing behind: the next run meets the same error
     bad = Forward(7, (5,))  # keeps 7 cached tokens of a session holding 3
     for _ in range(2):

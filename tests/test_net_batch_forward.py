@@ -41,9 +41,9 @@ def _two_steps(model: LanguageModel, batched: bool) -> tuple[list[torch.Tensor],
     out: list[torch.Tensor] = []
     for jobs in rounds:
         if batched:
-            out += run_jobs_batched(list(zip(sessions, jobs, strict=True)))
+            out += [r.block for r in run_jobs_batched(list(zip(sessions, jobs, strict=True)))]
         else:
-            out += [run_job(s, j) for s, j in zip(sessions, jobs, strict=True)]
+            out += [run_job(s, j).block for s, j in zip(sessions, jobs, strict=True)]
     return out, [s.length for s in sessions]
 
 
@@ -87,7 +87,7 @@ def test_jobs_that_cannot_share_a_pass_run_alone_in_order(tiny_models: dict[str,
     tree.tree_forward([3, 4], [-1, 0])
     results = run_jobs_batched([(tree, KeepTreePath((0, 1))), (plain, Forward(0, (5, 6), 2))])
     assert results[0] is None and tree.length == 4
-    assert results[1].shape == (2, model.vocab_size) and plain.length == 2
+    assert results[1].block.shape == (2, model.vocab_size) and plain.length == 2
 
 
 # ---------------------------------------------------------------------------- batch policy
@@ -124,7 +124,7 @@ def test_a_bad_job_fails_its_own_session_only(tiny_models: dict[str, Path]) -> N
     more tokens than its cache holds: that session gets the error, the others their logits."""
     model = load_model(tiny_models["llama"], threads=1)
     prompts = _ids(model, (4, 9, 2, 7, 5, 3, 8, 6), 2)
-    expected = [run_job(model.new_session(), Forward(0, tuple(p), 2)) for p in prompts]
+    expected = [run_job(model.new_session(), Forward(0, tuple(p), 2)).block for p in prompts]
     batcher = ModelBatcher(256, waiters=2)
     try:
         sessions = [model.new_session() for _ in prompts]
@@ -136,7 +136,8 @@ def test_a_bad_job_fails_its_own_session_only(tiny_models: dict[str, Path]) -> N
                 with pytest.raises(RuntimeError, match="keeps 99"):
                     future.result(timeout=30)
             else:
-                torch.testing.assert_close(future.result(timeout=30), want, rtol=1e-4, atol=1e-4)
+                got = future.result(timeout=30).block
+                torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     finally:
         batcher.shutdown()
 
@@ -164,7 +165,7 @@ def test_a_long_prefill_runs_in_pieces_and_lets_a_short_job_through(
     model = load_model(tiny_models["llama"], threads=1, invariant=True)
     prompt, other = _ids(model, (70, 5), 3)
     long_job = Forward(0, tuple(prompt), 3)
-    expected = run_job(model.new_session(), long_job)
+    expected = run_job(model.new_session(), long_job).block
     passes: list[tuple[str, ...]] = []
 
     class Observer:
@@ -181,7 +182,7 @@ def test_a_long_prefill_runs_in_pieces_and_lets_a_short_job_through(
             quick = batcher.ask(short_session, Forward(5, (other[0],), 1))
             slow.add_done_callback(lambda _: finished.append("prompt"))
             quick.add_done_callback(lambda _: finished.append("step"))
-        assert torch.equal(slow.result(timeout=30), expected)
+        assert torch.equal(slow.result(timeout=30).block, expected)
         quick.result(timeout=30)
     finally:
         batcher.shutdown()

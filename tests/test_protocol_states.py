@@ -15,6 +15,7 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 
@@ -36,6 +37,7 @@ from wanspec.protocols.registry import METHODS, edge_fingerprints, make_cloud, m
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.protocols.speculative import EdgeState, SpecEdge
 from wanspec.protocols.stream import StreamEdge, StreamState
+from wanspec.sampling.logits import TorchLogitRows
 from wanspec.sim import Link, simulate
 from worlds import FLAT_PROFILE, PROMPT_IDS, World, deliver, refusal
 
@@ -113,8 +115,8 @@ def _split_run(world: World) -> tuple[_Recorder, _Recorder]:
         Link(bandwidth_bps=1e6, rtt_s=0.02),
         FLAT_PROFILE,
         FLAT_PROFILE,
-        edge_executor=lambda job: torch.zeros((len(job.ids), HIDDEN)),
-        cloud_executor=lambda job: torch.zeros((1, width)),
+        edge_executor=lambda job: np.zeros((len(job.ids), HIDDEN), dtype=np.float32),
+        cloud_executor=lambda job: TorchLogitRows(torch.zeros((1, width))),
     )
     return machines
 

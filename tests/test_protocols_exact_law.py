@@ -32,7 +32,8 @@ from exact_rng import ScriptedRng, exact_law
 from wanspec.models.synthetic import SyntheticSpec
 from wanspec.protocols import pipeline, speculative, stream
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.sampling import draft, hybrid_bins, pick, round_probs, target_probs
+from wanspec.sampling import hybrid_bins, pick, proposal, round_probs, target_probs
+from wanspec.sampling.logits import TorchLogitRows
 from worlds import PROMPT_IDS, World
 
 TOLERANCE = 1e-9  # float64 sums of the floats the machines drew with; any planted bug is > 1e-6
@@ -91,7 +92,7 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> Callable[..., dict]:
     for module in (speculative, stream):
         monkeypatch.setattr(module, "request_rng", lambda seed, side: holder["rng"])
     monkeypatch.setattr(pipeline, "draft_rng", lambda seed, position: holder["rng"])
-    monkeypatch.setattr(draft, "sample", _pick_counts)  # every drafted token's draw
+    monkeypatch.setattr(proposal, "sample", _pick_counts)  # every drafted token's draw
 
     def law(world: World, method: str, **settings: object) -> dict:
         def run(rng: ScriptedRng) -> int:
@@ -112,8 +113,8 @@ def _first_position(world: World, **settings: object) -> tuple[np.ndarray, np.nd
     edge = world.edge("naive", **{**SETTINGS, **settings})
     world.draft.reset()
     edge.draft_params = params  # repetition_penalty is 1 here, as the edge sets it
-    logits = world.draft.extend(PROMPT_IDS)[-1]
-    edge._take(logits)
+    logits = world.draft.extend(PROMPT_IDS)[-1:]
+    edge._take(TorchLogitRows(logits))
     return q, edge.round.dists[0].probs()
 
 

@@ -21,10 +21,10 @@ def test_sessions_share_weights_but_not_caches(tiny_models) -> None:
     lm = load_model(tiny_models["qwen2"])
     a, b = lm.new_session(), lm.new_session()
     assert a.model is b.model is lm.model
-    alone = run_job(lm.new_session(), Forward(0, (5, 6, 7), rows=3))
+    alone = run_job(lm.new_session(), Forward(0, (5, 6, 7), rows=3)).block
     run_job(a, Forward(0, (5, 6), rows=1))
     run_job(b, Forward(0, (9, 9, 9, 9), rows=1))  # must not disturb a
-    last = run_job(a, Forward(2, (7,), rows=1))
+    last = run_job(a, Forward(2, (7,), rows=1)).block
     assert (a.length, b.length) == (3, 4)
     torch.testing.assert_close(last[0], alone[2], rtol=1e-5, atol=1e-5)
 

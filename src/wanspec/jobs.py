@@ -6,18 +6,25 @@ thread, in another process, or batch them with other sessions' jobs, and the mac
 for a seed cannot depend on when or where they ran. Running them is `wanspec.models.jobs`'s
 work; this module needs nothing but numpy, so the protocols that build jobs import no model code.
 
+A forward-like job's result is `LogitRows`: the machine asks it for laws and gets arrays back,
+so no machine touches a tensor (`wanspec.sampling.logits` is the model side's).
+
 `ComputeCost` is what a job costs in the simulator's terms (see `wanspec.sim.profiles`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import numpy as np
 
 from wanspec.models.batch_policy import prefill_pieces
+
+if TYPE_CHECKING:
+    from wanspec.sampling.params import SamplingParams
+    from wanspec.sampling.proposal import DraftRow
 
 
 @dataclass(frozen=True)
@@ -111,6 +118,39 @@ class ForwardEmbeddings:
         return ComputeCost("forward", n=int(self.rows.shape[0]), context=self.keep)
 
 
+class LogitRows(Protocol):
+    """What `Forward`, `TreeForward` and `ForwardEmbeddings` return: their logits rows, asked for
+    the laws a machine decides with; every answer is a numpy array (or arrays of them)."""
+
+    def __len__(self) -> int: ...
+
+    def last(self) -> LogitRows:
+        """The last row alone."""
+        ...
+
+    def numpy(self) -> np.ndarray:
+        """The raw rows, float32 [rows, V]."""
+        ...
+
+    def target_probs(
+        self, row: int, params: SamplingParams, valid: np.ndarray, prev_ids: Sequence[int] | None
+    ) -> np.ndarray:
+        """The target's q at `row` (float64, the request's warp; see `sampling.target`)."""
+        ...
+
+    def draft_rows(
+        self,
+        params: SamplingParams,
+        *,
+        allowed: np.ndarray | None,
+        to_ids: np.ndarray | None,
+        width: int | None,
+        ranks: int,
+    ) -> list[DraftRow]:
+        """p̃ at every row (see `sampling.draft.draft_rows`)."""
+        ...
+
+
 Job = Forward | TreeForward | KeepTreePath | Embed | ForwardEmbeddings
 
 
@@ -140,6 +180,7 @@ __all__ = [
     "ForwardEmbeddings",
     "Job",
     "KeepTreePath",
+    "LogitRows",
     "TreeForward",
     "split_forward",
 ]

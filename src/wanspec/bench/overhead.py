@@ -58,7 +58,7 @@ PHASES: dict[str, list[str]] = {
         "wanspec.sampling.quant:round_probs",
         "wanspec.sampling.quant:dequantize",
         "wanspec.sampling.resample:hybrid_bins",
-        "wanspec.sampling.draft:DraftRow.dense",
+        "wanspec.sampling.proposal:DraftRow.dense",
     ],
     "sampling": [
         "wanspec.sampling.draws:bernoulli",
@@ -75,7 +75,7 @@ PHASES: dict[str, list[str]] = {
         "wanspec.sampling.resample:uhlm_uncertainty",
         "wanspec.sampling.verify:verify_chain",
         "wanspec.protocols.pipeline:draft_rng",
-        "wanspec.sampling.draft:DraftRow.draw",
+        "wanspec.sampling.proposal:DraftRow.draw",
     ],
     "codec": [
         "wanspec.wire.codec:encode",
@@ -85,7 +85,7 @@ PHASES: dict[str, list[str]] = {
         "wanspec.wire.messages:Dist.__post_init__",
     ],
     "tree ranking": [
-        "wanspec.sampling.draft:DraftRow.ranked",
+        "wanspec.sampling.proposal:DraftRow.ranked",
         "wanspec.protocols.budget:ranked_capture",
     ],
 }

@@ -1,8 +1,9 @@
 """The one place a protocol's jobs (`wanspec.jobs`) touch a model: run them on a session.
 
-The result of every forward-like job is a float32 CPU logits tensor [rows, V] of its own,
-whatever device the model computes on (only those rows leave the device); a job that only
-rearranges the cache returns None.
+The result of every forward-like job is a `TorchLogitRows` over a float32 CPU logits tensor
+[rows, V] of its own, whatever device the model computes on (only those rows leave the device):
+the machine asks it for laws and gets arrays. `Embed` returns its activations as a float32 array;
+a job that only rearranges the cache returns None.
 """
 
 from __future__ import annotations
@@ -23,24 +24,26 @@ from wanspec.jobs import (
     TreeForward,
 )
 from wanspec.models.lm import HFLanguageModel, LanguageModel
+from wanspec.sampling.logits import TorchLogitRows
 
 
 def run_job(session: LanguageModel, job: Job) -> Any:
     """Carry out `job` on one KV-cache session; the only place a protocol's jobs touch a model."""
     if isinstance(job, Forward):
         _roll_back(session, job.keep)
-        return session.extend(list(job.tokens), rows=job.rows)
+        return TorchLogitRows(session.extend(list(job.tokens), rows=job.rows))
     if isinstance(job, TreeForward):
-        return session.tree_forward(list(job.tokens), list(job.parents))
+        return TorchLogitRows(session.tree_forward(list(job.tokens), list(job.parents)))
     if isinstance(job, KeepTreePath):
         session.keep_tree_path(list(job.nodes), job.keep_descendants)
         return None
     if isinstance(job, Embed):
-        return session.embed(list(job.ids))  # type: ignore[attr-defined]
+        return session.embed(list(job.ids)).detach().float().numpy()  # type: ignore[attr-defined]
     if isinstance(job, ForwardEmbeddings):
         _roll_back(session, job.keep)
         activations = torch.from_numpy(np.asarray(job.rows, dtype=np.float32))
-        return session.extend_embeddings(activations, rows=1)  # type: ignore[attr-defined]
+        logits = session.extend_embeddings(activations, rows=1)  # type: ignore[attr-defined]
+        return TorchLogitRows(logits)
     raise TypeError(f"not a model job: {job!r}")
 
 
@@ -69,7 +72,7 @@ def run_jobs_batched(work: Sequence[tuple[LanguageModel, Job]]) -> list[Any]:
         [s for s, _ in forwards], [job.tokens for _, job in forwards], [j.rows for _, j in forwards]
     )
     for i, rows in zip(batch, logits, strict=True):
-        results[i] = rows
+        results[i] = TorchLogitRows(rows)
     return results
 
 

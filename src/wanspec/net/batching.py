@@ -37,8 +37,6 @@ from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-import torch
-
 from wanspec.jobs import Forward, Job, split_forward
 from wanspec.models.batch_policy import (
     DEFAULT_MAX_BATCH_TOKENS,
@@ -49,6 +47,7 @@ from wanspec.models.batch_policy import (
 )
 from wanspec.models.jobs import run_job, run_jobs_batched
 from wanspec.models.lm import LanguageModel
+from wanspec.sampling.logits import TorchLogitRows
 
 log = logging.getLogger("wanspec.serve")
 
@@ -207,7 +206,7 @@ class ModelBatcher(Executor):
     def _done(self, ask: _Ask, result: Any) -> None:
         """Hand a job its result; a split job's piece instead queues the next piece last."""
         if not ask.rest:
-            joined = torch.cat([*ask.done_rows, result]) if ask.done_rows else result
+            joined = TorchLogitRows.concat([*ask.done_rows, result])
             ask.future.set_result(joined)
             return
         ask.done_rows.append(result)

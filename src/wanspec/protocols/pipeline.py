@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from wanspec import wire
-from wanspec.jobs import KeepTreePath, TreeForward
+from wanspec.jobs import KeepTreePath, LogitRows, TreeForward
 from wanspec.protocols.base import (
     Action,
     ComputeDone,
@@ -41,7 +41,7 @@ from wanspec.protocols.base import (
 from wanspec.protocols.budget import BranchPlanner, ranked_capture
 from wanspec.protocols.schemes import dist_probs
 from wanspec.protocols.speculative import EdgeState, Round, SpecEdge
-from wanspec.sampling.draft import DraftRow
+from wanspec.sampling.proposal import DraftRow
 
 
 def draft_rng(seed: int, position: int) -> np.random.Generator:
@@ -126,12 +126,12 @@ class PipelineEdge(SpecEdge):
         self.round_ctx = list(self.draft_ctx)
         return super()._begin_round()
 
-    def _take(self, logits: Any) -> None:
+    def _take(self, logits: LogitRows) -> None:
         rnd = self.round
         row = self._draft_into(rnd, logits, self.generated + len(rnd.tokens))
         self.alternatives.append(row.ranked(self._rank_limit, rnd.tokens[-1]))
 
-    def _draft_into(self, chain: Round | Branch, logits: Any, position: int) -> DraftRow:
+    def _draft_into(self, chain: Round | Branch, logits: LogitRows, position: int) -> DraftRow:
         """Draw the draft token at output `position` from its own keyed stream and append it
         (with its draft id, p(x) and p) to a chain."""
         row = self._draft_row(logits, ranks=self._rank_limit)
@@ -189,7 +189,7 @@ class PipelineEdge(SpecEdge):
             return []
         return self._tree_done(result)
 
-    def _tree_done(self, rows: Any) -> list[Action]:
+    def _tree_done(self, rows: LogitRows) -> list[Action]:
         """One tree pass is back: extend every branch, then draft on, or end a stall."""
         spec = self.spec
         assert spec is not None

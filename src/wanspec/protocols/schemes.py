@@ -41,7 +41,7 @@ from wanspec.sampling import (
     truncated_residual_sample,
     uhlm_uncertainty,
 )
-from wanspec.sampling.draft import DraftRow
+from wanspec.sampling.proposal import DraftRow
 
 if TYPE_CHECKING:
     from wanspec.protocols.speculative import Rejection, Round, SpecCloud, SpecEdge

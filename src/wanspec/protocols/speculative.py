@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from wanspec import wire
+from wanspec.jobs import LogitRows
 from wanspec.protocols.base import (
     Action,
     ErrorCode,
@@ -34,15 +35,8 @@ from wanspec.protocols.cache import CacheMirror
 from wanspec.protocols.endpoints import EdgeMachine, TargetInfo
 from wanspec.protocols.schemes import Ask, Decision, Resolved, Scheme, wire_dist
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.sampling import (
-    Rounded,
-    dequantize,
-    pick,
-    target_probs,
-    verify_chain,
-)
-from wanspec.sampling.draft import DraftRow, EmptyDraftRowError, draft_rows
-from wanspec.sampling.target import valid_mask
+from wanspec.sampling import Rounded, dequantize, pick, verify_chain
+from wanspec.sampling.proposal import DraftRow, EmptyDraftRowError
 from wanspec.vocab import DraftRetokenizer, NoCommonMassError, VocabAlignment
 
 Draft = wire.Draft | wire.DraftWithDists
@@ -145,28 +139,28 @@ class SpecEdge(EdgeMachine):
 
     def on_compute(self, purpose: Purpose, result: Any) -> list[Action]:
         rnd = self.round
-        self._take(result[-1])
+        self._take(result.last())
         if len(rnd.tokens) < self.settings.gamma:
             return [self.compute(Purpose.DRAFT, self.cache.plan(self.draft_ctx + rnd.draft_ids))]
         return self._upload()
 
-    def _take(self, logits: Any) -> None:
+    def _take(self, logits: LogitRows) -> None:
         rnd = self.round
         row = self._draft_row(logits)
         self._append_draft(rnd, row.draw(self.rng), row)
         if self.scheme.keeps_draft_logits:
-            rnd.draft_logits.append(self.alignment.project_draft_logits(logits.float()).numpy())
+            rnd.draft_logits.append(self.alignment.project_draft_logits(logits.numpy()[0]))
 
-    def _draft_row(self, logits: Any, ranks: int = 0) -> DraftRow:
-        """p̃ at one drafted position over the target's ids (TLI: common tokens only)."""
-        return self._draft_rows(logits.reshape(1, -1), ranks)[0]
+    def _draft_row(self, logits: LogitRows, ranks: int = 0) -> DraftRow:
+        """p̃ at one drafted position (a one-row block) over the target's ids (TLI: common
+        tokens only)."""
+        return self._draft_rows(logits, ranks)[0]
 
-    def _draft_rows(self, logits: Any, ranks: int = 0) -> list[DraftRow]:
+    def _draft_rows(self, logits: LogitRows, ranks: int = 0) -> list[DraftRow]:
         """p̃ at each row of a block of draft logits (one tree pass's nodes), in one go."""
         alignment = self.alignment
         try:
-            return draft_rows(
-                logits,
+            return logits.draft_rows(
                 self.draft_params,
                 allowed=alignment.draft_in_common,
                 to_ids=None if alignment.is_identity else alignment.draft_to_target,
@@ -328,7 +322,7 @@ class SpecCloud(Machine):
         self.scheme, self.alignment, self.settings = scheme, alignment, settings
         self.rng = request_rng(settings.seed, "cloud")
         self.common = alignment.in_common
-        self.valid = valid_mask(target.vocab.target_valid)
+        self.valid = target.vocab.target_valid
         self.prompt_ids = target.encode(prompt)
         self.cache_tokens = target.admit(len(self.prompt_ids), settings.max_new_tokens)
         self.output: list[int] = []
@@ -436,7 +430,7 @@ class SpecCloud(Machine):
         sampling = self.settings.sampling
         targets = LazyRows(
             len(result),
-            lambda i: target_probs(result[i], sampling, self.valid, [*context, *tokens[:i]]),
+            lambda i: result.target_probs(i, sampling, self.valid, [*context, *tokens[:i]]),
         )
         rounded = LazyRows(len(tokens), lambda i: self.scheme.round_target(self, targets[i]))
         decide = LazyRows(

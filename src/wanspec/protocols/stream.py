@@ -30,7 +30,7 @@ from wanspec.protocols.base import (
 from wanspec.protocols.cache import CacheMirror
 from wanspec.protocols.endpoints import EdgeMachine, TargetInfo
 from wanspec.protocols.settings import GenerationSettings
-from wanspec.sampling import pick, target_probs
+from wanspec.sampling import pick
 
 
 class StreamState(enum.Enum):
@@ -88,7 +88,7 @@ class SplitEdge(StreamEdge):
         ]
 
     def on_compute(self, purpose: Purpose, result: Any) -> list[Action]:
-        data = result.detach().numpy().astype(np.float16)
+        data = np.asarray(result, dtype=np.float32).astype(np.float16)
         self.rounds += 1
         return [Send(wire.HiddenStates(self.rounds, data))]
 
@@ -115,7 +115,7 @@ class StreamCloud(Machine):
 
     def on_compute(self, purpose: Purpose, result: Any) -> list[Action]:
         valid = self.target.vocab.target_valid
-        q = target_probs(result[-1], self.settings.sampling, valid, self.seen_ids())
+        q = result.target_probs(len(result) - 1, self.settings.sampling, valid, self.seen_ids())
         token = pick(q, self.rng)  # the float q itself: nothing travels, nothing is rounded
         self.produced += 1
         done = self.produced >= self.settings.max_new_tokens or token in self.eos

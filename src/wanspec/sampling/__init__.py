@@ -1,6 +1,15 @@
-"""Floor 0: the sampling math every method uses (pure functions, no I/O)."""
+"""Floor 0: the sampling math every method uses (pure functions, no I/O).
+
+What the protocol machines use needs nothing but numpy. The warps, which must equal
+transformers' processors bit for bit, and the laws computed from logits are torch
+(`warps`, `target`, `draft`, `logits`); their names here are imported when first used.
+"""
+
+from importlib import import_module
+from typing import Any
 
 from wanspec.sampling.draws import bernoulli, pick
+from wanspec.sampling.params import SamplingParams
 from wanspec.sampling.quant import (
     PROB_SCALE,
     Q_BITS,
@@ -28,9 +37,7 @@ from wanspec.sampling.resample import (
     truncated_residual_sample,
     uhlm_uncertainty,
 )
-from wanspec.sampling.target import target_counts, target_probs
 from wanspec.sampling.verify import accept_token, verify_chain
-from wanspec.sampling.warps import SamplingParams, warp_logits, warp_probs
 
 __all__ = [
     "PROB_SCALE",
@@ -66,3 +73,17 @@ __all__ = [
     "warp_logits",
     "warp_probs",
 ]
+
+_TORCH = {
+    "target_counts": "wanspec.sampling.target",
+    "target_probs": "wanspec.sampling.target",
+    "warp_logits": "wanspec.sampling.warps",
+    "warp_probs": "wanspec.sampling.warps",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """The torch-backed functions, loaded on first use (PEP 562)."""
+    if name in _TORCH:
+        return getattr(import_module(_TORCH[name]), name)
+    raise AttributeError(f"module 'wanspec.sampling' has no attribute {name!r}")

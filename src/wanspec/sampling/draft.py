@@ -17,66 +17,19 @@ With too few allowed candidates, the row is kept and ranked with one more top-k,
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from wanspec.sampling.quant import PROB_SCALE, Counts, dequantize, quantize_rows, sample
-from wanspec.sampling.warps import SamplingParams, warp_probs
-
-MAX_CANDIDATES = 256  # the tokens a drafted position proposes from (unless a top-k asks for more)
-
-
-class EmptyDraftRowError(ValueError):
-    """The draft row has no finite logit on any token it may propose."""
-
-
-@dataclass(frozen=True, eq=False)
-class DraftRow:
-    """p̃ at one drafted position: 16-bit `counts` over the candidate `ids` (ascending, in the
-    ids the protocol speaks) and their raw draft `logits`; `source`, the row masked to what the
-    draft may propose, is kept only when ranking may need more than the candidates."""
-
-    ids: np.ndarray
-    counts: Counts
-    logits: np.ndarray
-    width: int
-    source: torch.Tensor | None = None
-    to_ids: np.ndarray | None = None  # row index → protocol id (None: the identity)
-
-    def count(self, token: int) -> int:
-        """p̃(token) in 16-bit counts (0 off the candidates)."""
-        at = int(np.searchsorted(self.ids, token))
-        return int(self.counts[at]) if at < len(self.ids) and self.ids[at] == token else 0
-
-    def dense(self) -> Counts:
-        """The full-width count array (sums to PROB_SCALE)."""
-        out = np.zeros(self.width, dtype=np.int64)
-        out[self.ids] = self.counts
-        return out
-
-    def probs(self) -> np.ndarray:
-        """p̃ over the full width as the probabilities both sides decide with."""
-        return dequantize(self.dense())
-
-    def draw(self, rng: np.random.Generator) -> int:
-        """A token drawn from p̃ (integer arithmetic, as `sample`)."""
-        return int(self.ids[sample(self.counts, rng)])
-
-    def ranked(self, limit: int, exclude: int) -> list[int]:
-        """Up to `limit` tokens by decreasing draft logit, `exclude` left out (AceSpec's proxy
-        for where a rejection's residual lies); never a token the draft may not propose."""
-        if limit <= 0:
-            return []
-        if len(self.ids) > limit or self.source is None:
-            order = np.argsort(-self.logits, kind="stable")
-            ids, values = self.ids[order], self.logits[order]
-        else:
-            values_t, index = torch.topk(self.source, min(limit + 1, self.source.shape[-1]))
-            values, ids = values_t.numpy(), _as_ids(index.numpy(), self.to_ids)
-        ranked = [int(i) for v, i in zip(values, ids, strict=True) if v > -np.inf and i != exclude]
-        return ranked[:limit]
+from wanspec.sampling.params import SamplingParams
+from wanspec.sampling.proposal import (
+    MAX_CANDIDATES,
+    DraftRow,
+    EmptyDraftRowError,
+    as_ids,
+)
+from wanspec.sampling.quant import PROB_SCALE, quantize_rows
+from wanspec.sampling.warps import warp_probs
 
 
 def draft_row(
@@ -117,7 +70,7 @@ def draft_rows(
     wanted = min(max(MAX_CANDIDATES, params.top_k, ranks + 1), block.shape[1])
     values, index_np, keep = _candidates(block, wanted, allowed)
     probs = warp_probs(values.masked_fill(torch.from_numpy(~keep), -math.inf), params).numpy()
-    ids = _as_ids(index_np, to_ids)
+    ids = as_ids(index_np, to_ids)
     # every row's candidates in ascending id order, the dropped ones after them
     order = np.argsort(np.where(keep, ids, np.iinfo(np.int64).max), axis=1, kind="stable")
     ids, probs, keep = (np.take_along_axis(a, order, axis=1) for a in (ids, probs, keep))
@@ -129,7 +82,7 @@ def draft_rows(
     for i, n in enumerate(kept.tolist()):
         source = None
         if n <= ranks:
-            source = block[i] if allowed is None else _masked(block[i], allowed)
+            source = (block[i] if allowed is None else _masked(block[i], allowed)).numpy()
         out.append(DraftRow(ids[i, :n], counts[i, :n], raw[i, :n], full, source, to_ids))
     return out
 
@@ -165,7 +118,3 @@ def _top_allowed(
 
 def _masked(row: torch.Tensor, allowed: np.ndarray) -> torch.Tensor:
     return row.masked_fill(~torch.from_numpy(np.array(allowed, dtype=bool)), float("-inf"))
-
-
-def _as_ids(index: np.ndarray, to_ids: np.ndarray | None) -> np.ndarray:
-    return index.astype(np.int64) if to_ids is None else to_ids[index]

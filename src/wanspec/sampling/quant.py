@@ -14,12 +14,13 @@ round to 0, which is why 16 bits is a poor default for a 151,665-token vocabular
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
-import torch
 
 PROB_SCALE = 65535  # the draft's p̃ and the 16-bit q of the papers
 Q_BITS = (16, 24, 32)  # precisions a shipped target distribution may use
+ArrayLike = Any  # an array, or a tensor (converted through its own methods, so no import)
 Counts = np.ndarray  # int64, non-negative, sums to the scale (or a sub-distribution of it)
 
 
@@ -30,10 +31,11 @@ def scale_of(bits: int) -> int:
     return (1 << bits) - 1
 
 
-def quantize(probs: np.ndarray | torch.Tensor, scale: int = PROB_SCALE) -> Counts:
-    """Largest-remainder rounding of a probability vector to counts summing to `scale`."""
-    if isinstance(probs, torch.Tensor):
-        probs = probs.detach().to(torch.float64).cpu().numpy()
+def quantize(probs: ArrayLike, scale: int = PROB_SCALE) -> Counts:
+    """Largest-remainder rounding of a probability vector (an array, or a tensor on any device)
+    to counts summing to `scale`."""
+    if hasattr(probs, "detach"):  # a tensor: float64 on the host, converted there
+        probs = probs.detach().double().cpu().numpy()
     probs = np.asarray(probs, dtype=np.float64)
     if probs.ndim != 1 or probs.size == 0:
         raise ValueError("quantize expects a non-empty 1-D probability vector")

@@ -16,7 +16,6 @@ from functools import cached_property
 from typing import Any, TypeVar
 
 import numpy as np
-import torch
 
 from wanspec.vocab.pairing import check_pair, common_pairs
 from wanspec.vocab.retokenize import DraftRetokenizer
@@ -25,7 +24,9 @@ from wanspec.vocab.tokens import fingerprint as tokenizer_fingerprint
 
 MIN_COMMON_WARN = 100
 
-ArrayT = TypeVar("ArrayT", np.ndarray, torch.Tensor)
+# A numpy array, or a tensor on any device: a tensor is handled through its own methods
+# (`new_tensor`, `new_full`, `isfinite`), so this module imports no tensor library.
+ArrayT = TypeVar("ArrayT")
 
 
 class NoCommonMassError(ValueError):
@@ -168,9 +169,10 @@ class VocabAlignment:
             return self.common_draft_ids, self.common_target_ids
         key = str(like.device)
         if key not in self._torch_index:
+            index = like.new_zeros(()).long().dtype  # the tensor library's int64
             self._torch_index[key] = (
-                torch.tensor(self.common_draft_ids, device=like.device),
-                torch.tensor(self.common_target_ids, device=like.device),
+                like.new_tensor(self.common_draft_ids, dtype=index),
+                like.new_tensor(self.common_target_ids, dtype=index),
             )
         return self._torch_index[key]
 
@@ -186,7 +188,7 @@ class VocabAlignment:
         if isinstance(rows, np.ndarray):
             out = np.full(shape, fill, dtype=np.result_type(rows.dtype, np.float32))
         else:
-            out = torch.full(shape, fill, dtype=rows.dtype, device=rows.device)
+            out = rows.new_full(shape, fill)
         out[..., t_idx] = rows[..., d_idx]
         return out
 
@@ -197,7 +199,7 @@ class VocabAlignment:
         order, warp-then-restrict, is `project_draft(warp(draft probs))`. Both are exact (p is
         only the proposal); restrict-then-warp never loses all mass to tokens outside C."""
         out = self._onto_target(logits, float("-inf"), "draft logits")
-        finite = np.isfinite(out) if isinstance(out, np.ndarray) else torch.isfinite(out)
+        finite = np.isfinite(out) if isinstance(out, np.ndarray) else out.isfinite()
         if not bool(finite.any(-1).all()):
             raise NoCommonMassError("draft logits are −inf on every common-vocabulary token")
         return out
@@ -219,8 +221,7 @@ class VocabAlignment:
         if isinstance(q, np.ndarray):
             common, valid = self.in_common, self.target_valid
         else:
-            common = torch.tensor(self.in_common, device=q.device)
-            valid = torch.tensor(self.target_valid, device=q.device)
+            common, valid = q.new_tensor(self.in_common), q.new_tensor(self.target_valid)
         share = (q * common).sum(-1) / (q * valid).sum(-1)
         return float(share) if share.ndim == 0 else share
 
