@@ -8,22 +8,42 @@ import shutil
 import subprocess
 import sys
 from dataclasses import fields
+from typing import get_type_hints
 
 import click
 import pytest
 from click.testing import CliRunner
 
+from wanspec.bench.registry import ALIASES, EXPERIMENTS
 from wanspec.cli import main
 from wanspec.cli.options import option_name, settings_from_options
 from wanspec.protocols.registry import METHODS
 from wanspec.protocols.settings import GenerationSettings
 
 # Commands whose option named after a setting has a default of its own, on purpose: a short
-# demo or comparison, and the server's cap on what a request may ask for.
+# demo or comparison, and the server's cap on what a request may ask for; None: not given unless
+# typed (the benchmark's configuration, or the method, then decides).
 OWN_DEFAULTS = {
     ("demo", "max_new_tokens"): 32,
+    ("bench overhead", "max_new_tokens"): 64,
+    ("bench overhead", "tree_budget"): None,
     ("bench realsim", "max_new_tokens"): 24,
     ("serve", "max_new_tokens"): 4096,
+    **{
+        (f"bench {experiment}", setting): None
+        for experiment in [*EXPERIMENTS, *ALIASES]
+        for setting in ("max_new_tokens", "srdv_k", "srdv_m")
+    },
+}
+# Flags a command spells its own way, kept for its users.
+OWN_FLAGS = {
+    ("bench overhead", "max_new_tokens"): "--tokens",
+    ("bench realsim", "max_new_tokens"): "--tokens",
+}
+# Options named after a setting that are something else.
+NOT_SETTINGS = {
+    ("serve", "max_new_tokens"): "the server's cap on what a request may ask for",
+    ("wan-proxy", "seed"): "the seed of the proxy's own delay and loss draws",
 }
 
 
@@ -144,20 +164,57 @@ def _commands(group: click.Group, path: tuple[str, ...] = ()):
             yield " ".join((*path, name)), command
 
 
-def test_hand_written_setting_options_keep_the_dataclass_default() -> None:
-    """Options elsewhere (bench, edge) named after a setting: their defaults, where they have
-    one, are the dataclass's unless the command states its own in OWN_DEFAULTS."""
-    defaults = {f.name: f.default for f in fields(GenerationSettings)}
+def _click_form(kind: object) -> tuple[str, bool]:
+    """(click type name, repeatable) of a setting's Python type."""
+    if kind == tuple[str, ...]:
+        return "text", True
+    names: dict[object, str] = {int: "integer", float: "float", str: "text", bool: "boolean"}
+    return names[kind], False
+
+
+def test_every_setting_option_is_declared_once_by_the_dataclass() -> None:
+    """Every command's option named after a setting (generate, demo, edge, bench) has the field's
+    help (a command may add a note after it), type, flag and default, but where OWN_FLAGS or
+    OWN_DEFAULTS give the command's own: so no command declares a setting a second time,
+    differently. The options in NOT_SETTINGS only share a setting's name."""
+    settings = {f.name: f for f in fields(GenerationSettings)}
+    types = get_type_hints(GenerationSettings)
     seen = set()
     for path, command in _commands(main):
+        ctx = click.Context(command)
         for p in command.params:
-            given = isinstance(p.default, int | float | str) and not getattr(p, "is_flag", False)
-            if p.name in defaults and given:
-                want = OWN_DEFAULTS.get((path, p.name), defaults[p.name])
-                assert p.default == want, f"{path} {p.opts[0]}: {p.default!r} != {want!r}"
-                seen.add((path, p.name))
-    assert set(OWN_DEFAULTS) <= seen
+            if p.name not in settings:
+                continue
+            key, where = (path, p.name), f"{path} {p.opts[0]}"
+            seen.add(key)
+            default = p.process_value(ctx, p.get_default(ctx))  # what an untyped option gives
+            want = OWN_DEFAULTS.get(key, settings[p.name].default)
+            assert default == want, f"{where}: default {default!r} != {want!r}"
+            if key in NOT_SETTINGS:
+                continue
+            field_help = settings[p.name].metadata["help"]
+            assert p.help == field_help or (p.help or "").startswith(field_help + " "), where
+            assert (p.type.name, p.multiple) == _click_form(types[p.name]), where
+            assert p.opts[0] == OWN_FLAGS.get(key, option_name(p.name)), where
+    assert set(OWN_DEFAULTS) | set(OWN_FLAGS) | set(NOT_SETTINGS) <= seen
     assert ("edge", "gamma") in seen and ("bench overhead", "temperature") in seen
+
+
+@pytest.mark.parametrize(
+    ("args", "option", "words"),
+    [
+        (["edge", "--server", "x:1", "--gamma", "0"], "'--gamma'", "gamma=0"),
+        (["bench", "overhead", "--tokens", "0"], "'--tokens'", "max_new_tokens=0"),
+        (["bench", "realsim", "--temperature", "-1"], "'--temperature'", "temperature=-1.0"),
+        (["bench", "quality", "--srdv-k", "0"], "'--srdv-k'", "srdv_k=0"),
+    ],
+)
+def test_a_bad_setting_elsewhere_is_the_same_usage_error(args, option, words) -> None:
+    """The edge and the benchmarks refuse a setting by the dataclass's own check, as generate
+    does, naming the option as the command spells it, before anything runs."""
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 2, result.output
+    assert option in result.output and words in result.output, result.output
 
 
 @pytest.mark.parametrize(

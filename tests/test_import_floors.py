@@ -71,6 +71,7 @@ FLOORS = {
     "sim": 3,
     "net": 3,
     "api": 4,
+    "settings_cli": 4,
     "edge_service": 5,
     "bench": 5,
     "cli": 6,

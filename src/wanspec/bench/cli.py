@@ -13,9 +13,11 @@ from wanspec.bench.overhead import PAIRS
 from wanspec.bench.realsim import METHODS as REALSIM_METHODS
 from wanspec.bench.registry import ALIASES, EXPERIMENTS
 from wanspec.models.cli import loading_options
+from wanspec.settings_cli import settings_options
 
 DEFAULT_OUT = "docs/results"
 LOADING_PARAMS = ("dtype", "device")  # from `loading_options`; recorded only when not default
+_SEED_PER_PROMPT = "Prompt i runs seed + i."
 
 _out_option = click.option(
     "--out",
@@ -78,19 +80,24 @@ def _experiment_command(name: str, command_name: str | None = None) -> click.Com
         "--datasets", help="Comma-separated dataset names or JSONL paths (all experiments' lists)."
     )
     @click.option("--prompts", type=int, help="Prompts per dataset (the first N).")
-    @click.option(
-        "--max-new-tokens",
-        type=int,
-        help="Token budget per prompt (every experiment's cap; tasks scored by text keep theirs "
-        "when smaller).",
+    @settings_options(
+        only=["max_new_tokens"],
+        defaults={"max_new_tokens": None},
+        notes={
+            "max_new_tokens": "Every experiment's budget per prompt [the configuration's]; tasks "
+            "scored by text keep theirs when smaller."
+        },
     )
     @click.option(
         "--data-dir",
         type=click.Path(file_okay=False, path_type=Path),
         help="Shared data folder (default $WANSPEC_DATA or ../shared/data).",
     )
-    @click.option("--srdv-k", type=int, help="X-CoSD-E candidates K.")
-    @click.option("--srdv-m", type=int, help="X-CoSD-E candidate rounds M.")
+    @settings_options(
+        only=["srdv_k", "srdv_m"],
+        defaults={"srdv_k": None, "srdv_m": None},
+        notes={"srdv_k": "[the configuration's]", "srdv_m": "[the configuration's]"},
+    )
     @click.option("--no-progress", is_flag=True, help="No progress bar.")
     @click.option(
         "--reuse/--no-reuse",
@@ -200,11 +207,12 @@ def report(out: Path, output: Path) -> None:
     "--methods", metavar="M1,M2,…", help="Methods to time [every lossless one the pair can run]."
 )
 @click.option("--prompts", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--tokens", type=click.IntRange(min=1), default=64, show_default=True)
-@click.option("--gamma", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--temperature", type=float, default=1.0, show_default=True)
-@click.option("--tree-budget", type=int, help="AceSpec's B_max [the method's default].")
-@click.option("--seed", type=int, default=0, show_default=True, help="Prompt i runs seed + i.")
+@settings_options(
+    only=["max_new_tokens", "gamma", "temperature", "tree_budget", "seed"],
+    defaults={"max_new_tokens": 64, "tree_budget": None},
+    flags={"max_new_tokens": "--tokens"},
+    notes={"tree_budget": "[the method's default]", "seed": _SEED_PER_PROMPT},
+)
 @click.option(
     "--decodes",
     type=click.IntRange(min=1),
@@ -224,6 +232,7 @@ def overhead(
     target: str | None,
     methods: str | None,
     json_path: Path | None,
+    max_new_tokens: int,
     **options: Any,
 ) -> None:
     """The protocol's own CPU per round, per side and per phase, beside one target decode."""
@@ -238,6 +247,7 @@ def overhead(
             methods=_split(methods),
             json_path=json_path,
             echo=click.echo,
+            tokens=max_new_tokens,
             **options,
         )
     except PhaseTableError:
@@ -257,16 +267,14 @@ def overhead(
     help="Methods to run.",
 )
 @click.option("--prompts", type=click.IntRange(min=1, max=4), default=2, show_default=True)
-@click.option(
-    "--tokens", "max_new_tokens", type=click.IntRange(min=1), default=24, show_default=True
+@settings_options(
+    only=["max_new_tokens"], defaults={"max_new_tokens": 24}, flags={"max_new_tokens": "--tokens"}
 )
 @click.option("--rtt", "rtt_s", type=float, default=0.02, show_default=True, help="Seconds.")
 @click.option(
     "--bandwidth", "bandwidth_bps", type=float, default=100e6, show_default=True, help="Bits/s."
 )
-@click.option("--gamma", type=click.IntRange(min=1), default=4, show_default=True)
-@click.option("--temperature", type=float, default=1.0, show_default=True)
-@click.option("--seed", type=int, default=0, show_default=True, help="Prompt i runs seed + i.")
+@settings_options(only=["gamma", "temperature", "seed"], notes={"seed": _SEED_PER_PROMPT})
 @click.option(
     "--json",
     "json_path",

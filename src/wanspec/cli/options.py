@@ -1,84 +1,34 @@
-"""Option groups shared by the `wanspec` commands.
-
-The generation settings' options are generated from `GenerationSettings` itself (each field's
-type, default and `help` metadata), so a new setting is a new option and a default cannot drift;
-values are checked by the dataclass, and its error becomes a usage error naming the option.
+"""Option groups shared by the `wanspec` commands: the link, compute profiles, a real server,
+and the generation settings' (from `wanspec.settings_cli`, where the benchmarks and the edge
+service find them too).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import Field, fields
-from typing import Any, TypeVar, get_type_hints
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import click
 
-from wanspec.protocols.settings import GenerationSettings
+from wanspec.settings_cli import (
+    SETTING_FIELDS,
+    option_name,
+    settings_from_options,
+    settings_options,
+)
+
+__all__ = [
+    "SETTING_FIELDS",
+    "link_options",
+    "make_link",
+    "option_name",
+    "profile_options",
+    "server_options",
+    "settings_from_options",
+    "settings_options",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-SETTING_FIELDS: dict[str, Field[Any]] = {f.name: f for f in fields(GenerationSettings)}
-_TYPES = get_type_hints(GenerationSettings)
-
-
-def option_name(setting: str) -> str:
-    """The command-line spelling of a setting: `max_new_tokens` → `--max-new-tokens`."""
-    return "--" + setting.replace("_", "-")
-
-
-def settings_options(
-    *,
-    only: Iterable[str] | None = None,
-    exclude: Iterable[str] = (),
-    defaults: Mapping[str, Any] | None = None,
-) -> Callable[[F], F]:
-    """One option per `GenerationSettings` field (`only` those, less `exclude`), in field order.
-
-    `defaults` gives a command its own default for a setting (e.g. a short demo run)."""
-    names = list(SETTING_FIELDS) if only is None else list(only)
-    unknown = set(names) - set(SETTING_FIELDS)
-    if unknown:
-        raise ValueError(f"not generation settings: {sorted(unknown)}")
-    chosen = [name for name in names if name not in set(exclude)]
-    overrides = dict(defaults or {})
-
-    def decorate(f: F) -> F:
-        for name in reversed(chosen):
-            default = overrides.get(name, SETTING_FIELDS[name].default)
-            f = _setting_option(name, default)(f)
-        return f
-
-    return decorate
-
-
-def _setting_option(name: str, default: Any) -> Callable[[F], F]:
-    kind = _TYPES[name]
-    flag, help_text = option_name(name), SETTING_FIELDS[name].metadata["help"]
-    if kind is bool:
-        if default:  # on by default: only the --no- form says anything
-            return click.option(
-                f"{flag}/--no-{flag[2:]}", name, default=True, show_default="on", help=help_text
-            )
-        return click.option(flag, name, is_flag=True, help=help_text)
-    if kind == tuple[str, ...]:
-        extra = {"default": default} if default else {}
-        return click.option(flag, name, multiple=True, help=help_text, **extra)
-    if kind not in (int, float, str):
-        raise TypeError(f"no command-line form for setting {name}: {kind}")
-    return click.option(flag, name, type=kind, default=default, show_default=True, help=help_text)
-
-
-def settings_from_options(options: Mapping[str, Any]) -> GenerationSettings:
-    """The settings that parsed `settings_options` values make (the rest at their defaults); a
-    value the dataclass refuses is a usage error naming the option."""
-    try:
-        return GenerationSettings(**{**options, "stop": tuple(options.get("stop", ()))})
-    except ValueError as err:
-        message = str(err)
-        for name in SETTING_FIELDS:
-            if message.startswith((f"invalid setting {name}=", f"invalid setting {name}:")):
-                raise click.BadParameter(message, param_hint=f"'{option_name(name)}'") from err
-        raise click.UsageError(message) from err
 
 
 def profile_options(f: F) -> F:

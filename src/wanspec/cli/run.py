@@ -200,7 +200,6 @@ def demo(
     on an edge device and a data-centre GPU; then the shared pair's real win (`--shared-win`)."""
     from wanspec.bench.demo import run_demo, run_shared_win
 
-    settings_from_options({"max_new_tokens": max_new_tokens})
     try:
         run_demo(
             target=target,

@@ -1,7 +1,8 @@
 """`wanspec edge`: the edge as a local OpenAI-compatible endpoint in front of a `wanspec serve`
 cloud. Heavy imports (torch, FastAPI, uvicorn) happen only when the command runs, and so do
 those of `wanspec.cli`, which attaches this command (importing it here would be circular); the
-model-loading options come from `wanspec.models.cli`, as `wanspec.cli`'s do."""
+model-loading options come from `wanspec.models.cli` and the generation settings' from
+`wanspec.settings_cli`, as `wanspec.cli`'s do."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from typing import Any
 import click
 
 from wanspec.models.cli import loading_kwargs, loading_options
+from wanspec.settings_cli import settings_options
 
 
 @click.command("edge")
@@ -22,7 +24,7 @@ from wanspec.models.cli import loading_kwargs, loading_options
     "[as `wanspec generate`].",
 )
 @click.option("--method", default="xcosd-e", show_default=True, help="See `wanspec methods`.")
-@click.option("--gamma", type=click.IntRange(1), default=4, show_default=True)
+@settings_options(only=["gamma"])
 @click.option("--listen", default="127.0.0.1:8000", show_default=True, metavar="HOST:PORT")
 @click.option("--model-name", default=None, help="Model id to serve [the cloud's target name].")
 @click.option("--token", envvar="WANSPEC_TOKEN", default=None, help="The cloud's bearer token.")

@@ -104,7 +104,7 @@ def _help(text: str) -> dict[str, str]:
 class GenerationSettings:
     """Everything a request needs; validated on construction so bad settings fail early."""
 
-    # Each field's `help` is its `wanspec generate` option's help text (`wanspec.cli.options`).
+    # Each field's `help` is its command-line option's help text (`wanspec.settings_cli`).
     max_new_tokens: int = field(default=64, metadata=_help("Tokens to generate at most."))
     temperature: float = field(default=1.0, metadata=_help("Sampling temperature; 0 = greedy."))
     top_k: int = field(default=0, metadata=_help("Keep only the k likeliest tokens; 0 = off."))
