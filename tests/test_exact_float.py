@@ -18,7 +18,7 @@ import pytest
 
 from exact_rng import exact_law
 from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
-from wanspec.protocols.registry import METHODS, target_info
+from wanspec.protocols.registry import METHODS
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sampling import (
     PROB_SCALE,
@@ -137,7 +137,6 @@ class HeavyTailWorld(World):
         self.alignment = VocabAlignment.build(tokenizer, tokenizer)
         spec = HeavyTailSpec(0.6, vocab_size=WIDTH, seed=1)
         self.target, self.draft = SyntheticLM(spec, "target"), SyntheticLM(spec, "draft")
-        self.info = target_info(self.target, lambda _: list(PROMPT_IDS), (self.alignment,))
 
     def position_laws(self, tokens: list[int]) -> tuple[list[str], np.ndarray, np.ndarray]:
         """For each generated token: its class, and the float and 16-bit laws of the classes

@@ -121,10 +121,9 @@ def test_srdv_candidate_rounds_never_exceed_m(m: int) -> None:
 
 
 def _with_eos(world: World, eos: int) -> World:
-    """The same world whose target declares `eos` its end-of-sequence id."""
-    changed = copy.copy(world)
-    changed.info = dataclasses.replace(world.info, eos_token_ids=(eos,))
-    return changed
+    """The same world whose target declares `eos` its end-of-sequence id (same weights)."""
+    target = dataclasses.replace(world.target.spec, eos_token_ids=(eos,))
+    return copy.copy(world).with_models(target, world.draft.spec)
 
 
 @pytest.mark.parametrize("method", [*HETERO, "ar"])

@@ -33,13 +33,12 @@ from wanspec.protocols.base import (
     Start,
 )
 from wanspec.protocols.pipeline import PipelineEdge
-from wanspec.protocols.registry import METHODS, edge_fingerprints, make_cloud, make_edge
-from wanspec.protocols.settings import GenerationSettings
+from wanspec.protocols.registry import METHODS, edge_fingerprints, make_cloud
 from wanspec.protocols.speculative import EdgeState, SpecEdge
 from wanspec.protocols.stream import StreamEdge, StreamState
 from wanspec.sampling.logits import TorchLogitRows
 from wanspec.sim import Link, simulate
-from worlds import FLAT_PROFILE, PROMPT_IDS, World, deliver, refusal
+from worlds import FLAT_PROFILE, World, deliver, refusal
 
 GAMMA = 3
 HIDDEN = 8  # the split tests' activation width
@@ -95,19 +94,15 @@ class _Recorder:
         self.labels += [a.label for a in actions if isinstance(a, Compute)]
         return actions
 
+    def __getattr__(self, name: str) -> Any:
+        """The wrapped machine's own attributes (an edge's method, which picks its model)."""
+        return getattr(self.machine, name)
+
 
 def _split_run(world: World) -> tuple[_Recorder, _Recorder]:
     """Split inference on stand-in layers: zero activations up, flat logits down."""
     info = dataclasses.replace(world.info, accepts_activations=True, hidden_size=HIDDEN)
-    edge = make_edge(
-        "split",
-        alignment=world.alignment,
-        prompt="synthetic",
-        settings=GenerationSettings(max_new_tokens=4, seed=1),
-        draft_encode=lambda _: list(PROMPT_IDS),
-        target_decode=lambda ids: " ".join(map(str, ids)),
-        target_encode=lambda _: list(PROMPT_IDS),
-    )
+    edge = world.edge("split", max_new_tokens=4, seed=1)
     width = world.alignment.target_width
     machines = _Recorder(edge), _Recorder(make_cloud(info))
     simulate(

@@ -1,5 +1,7 @@
 """A synthetic world for protocol tests: synthetic draft/target LMs with an alignment built from
-real tiny tokenizers, run on the simulator with a flat compute profile."""
+real tiny tokenizers, run on the simulator with a flat compute profile. Its machines are
+assembled as every in-process run's are (`registry.build_machines`, the edge's jobs on
+`registry.edge_model_for`), so the tests run what `wanspec.generate` runs."""
 
 from __future__ import annotations
 
@@ -14,7 +16,8 @@ from wanspec.models.jobs import session_executor
 from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
 from wanspec.models.tiny import build_tokenizer
 from wanspec.protocols.base import ErrorCode, Finish, MessageReceived, Send
-from wanspec.protocols.registry import make_cloud, make_edge, target_info
+from wanspec.protocols.endpoints import TargetInfo
+from wanspec.protocols.registry import build_machines, edge_model_for, target_info
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sampling import target_probs
 from wanspec.sim import Link, load_profile, simulate
@@ -22,6 +25,17 @@ from wanspec.vocab import VocabAlignment
 
 FLAT_PROFILE = load_profile({"name": "flat", "forward_ms": {"1": 1.0, "64": 2.0}})
 PROMPT_IDS = [5, 9, 17]
+PROMPT = "synthetic"
+
+
+def prompt_ids(_: str) -> list[int]:
+    """Every prompt's ids, on both sides: the synthetic models have no tokenizer."""
+    return list(PROMPT_IDS)
+
+
+def decode_ids(ids: list[int]) -> str:
+    """A stand-in for the target's decoder: each id as a word (stop strings match on this)."""
+    return " ".join(map(str, ids))
 
 
 class World:
@@ -46,27 +60,32 @@ class World:
         self.target = SyntheticLM(t_spec, "target")
         self.draft = SyntheticLM(d_spec, "draft")
 
-        self.info = target_info(self.target, lambda _: list(PROMPT_IDS), (self.alignment,))
+    @property
+    def info(self) -> TargetInfo:
+        """What the cloud of `machines` knows of this world's target (for clouds built by hand)."""
+        return target_info(self.target, prompt_ids, (self.alignment,))
 
     def with_models(self, target: SyntheticSpec, draft: SyntheticSpec) -> World:
         """This world with other synthetic models (same tokenizers and alignment)."""
         self.target, self.draft = SyntheticLM(target, "target"), SyntheticLM(draft, "draft")
-        self.info = target_info(self.target, lambda _: list(PROMPT_IDS), (self.alignment,))
         return self
 
     def edge(self, method: str, **settings):
-        return make_edge(
-            method,
-            alignment=self.alignment,
-            prompt="synthetic",
-            settings=GenerationSettings(**settings),
-            draft_encode=lambda _: list(PROMPT_IDS),
-            target_decode=lambda ids: " ".join(map(str, ids)),
-            target_model=self.target.fingerprint,
-        )
+        return self.machines(method, **settings)[0]
 
     def machines(self, method: str, **settings):
-        return self.edge(method, **settings), make_cloud(self.info)
+        """Both machines of one request for `method` on this world's models."""
+        return build_machines(
+            method,
+            draft_lm=self.draft,
+            target_lm=self.target,
+            alignment=self.alignment,
+            draft_encode=prompt_ids,
+            target_encode=prompt_ids,
+            target_decode=decode_ids,
+            prompt=PROMPT,
+            settings=GenerationSettings(**settings),
+        )
 
     def run(
         self, method: str, link: Link | None = None, profile=FLAT_PROFILE, trace=False, **settings
@@ -75,14 +94,16 @@ class World:
         return self.simulate(edge, cloud, link, profile, trace), edge, cloud
 
     def simulate(self, edge, cloud, link: Link | None = None, profile=FLAT_PROFILE, trace=False):
-        """Run two machines on this world's models (fresh sessions) over `link`."""
+        """Run two machines on this world's models (fresh sessions) over `link`; the edge's jobs
+        run on the model its method's edge runs."""
+        edge_model = edge_model_for(edge.method, draft=self.draft, target=self.target)
         return simulate(
             edge,
             cloud,
             link or Link(bandwidth_bps=1e6, rtt_s=0.02),
             profile,
             profile,
-            edge_executor=session_executor(self.draft),
+            edge_executor=session_executor(edge_model),
             cloud_executor=session_executor(self.target),
             trace=trace,
         )
