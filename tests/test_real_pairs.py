@@ -3,7 +3,13 @@ token, on the real heterogeneous pair SmolLM2-135M → Qwen2.5-Coder-0.5B (49k v
 the shared-vocabulary pair Qwen2.5-Coder-0.5B → 1.5B is in test_real_shared_pair.py. Models
 come from the registry (cached). Each test takes half a minute or more: under `make test` they go
 out to the xdist workers one by one (tests/conftest.py), each worker loading the pair once; the
-references (transformers' greedy `generate`) are computed once for all workers."""
+references (transformers' greedy `generate`) are computed once for all workers.
+
+At temperature 0 the methods of one γ ask the models for the same passes (the same drafts,
+verified in the same contexts) until their protocols part ways, so the methods of a test share
+one `JobReplay`: each distinct pass is computed once and replayed, bit for bit, to the methods
+after it (`wanspec.models.replay`), while every method's own protocol still decides every
+token. Replayed passes take no time, so these runs price passes from fixed tables."""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ import pytest
 import torch
 
 import wanspec
+from wanspec.models.replay import JobReplay
 from wanspec.protocols.registry import METHODS
 
 pytestmark = pytest.mark.slow
@@ -29,6 +36,7 @@ PROMPTS = [
 # fp32 pass (~0.4 s on one core), so 24 tokens cost half as much again.
 NEW_TOKENS = 16
 LINK = wanspec.Link(bandwidth_bps=2e6, rtt_s=0.08)
+TABLES = {"edge_profile": "edge-orin", "cloud_profile": "cloud-a100-8b"}  # what reuse needs
 HETERO_OK = [n for n, m in METHODS.items() if m.lossless and not m.shared_vocab_only]
 SHARED_ONLY = [n for n, m in METHODS.items() if m.shared_vocab_only]
 
@@ -66,29 +74,49 @@ def hetero(tmp_path_factory) -> tuple[wanspec.Pair, dict[str, list[int]]]:
     return pair, _references_once(pair, _run_folder(tmp_path_factory))
 
 
-# `ar` streams the target's own tokens and never drafts: one run, whatever γ says. At γ = 4
-# every method decodes every prompt; at γ = 2 the two prompts that are not code (the German one
-# crosses the vocabularies' different byte splits): each prompt costs a dozen 0.5B passes.
+# `ar` streams the target's own tokens and never drafts: one run, whatever γ says (at γ = 2). At
+# γ = 4 every method decodes every prompt; at γ = 2 the two prompts that are not code (the German
+# one crosses the vocabularies' different byte splits).
 PROMPTS_AT_GAMMA = {2: PROMPTS[1:], 4: PROMPTS}
-HETERO_RUNS = [
-    (method, gamma)
-    for method in HETERO_OK
-    for gamma in ((2,) if METHODS[method].family == "ar" else (2, 4))
-]
 
 
-@pytest.mark.parametrize(("method", "gamma"), HETERO_RUNS)
-def test_hetero_pair_greedy_equals_target_generate(hetero, method: str, gamma: int) -> None:
+def _runs_at(gamma: int) -> list[tuple[str, str]]:
+    """(method, prompt) of every greedy run at `gamma`, the methods in the registry's order."""
+    return [
+        (method, prompt)
+        for method in HETERO_OK
+        if METHODS[method].family != "ar" or gamma == 2
+        for prompt in (PROMPTS if METHODS[method].family == "ar" else PROMPTS_AT_GAMMA[gamma])
+    ]
+
+
+@pytest.mark.parametrize("gamma", [2, 4])
+def test_hetero_pair_greedy_equals_target_generate(hetero, gamma: int) -> None:
     pair, refs = hetero
     assert not pair.shared_vocab
-    prompts = PROMPTS if METHODS[method].family == "ar" else PROMPTS_AT_GAMMA[gamma]
-    for prompt in prompts:
+    store = JobReplay()
+    for method, prompt in _runs_at(gamma):
         ref = refs[prompt]
         res = wanspec.generate(
-            pair, prompt, method, temperature=0, gamma=gamma, max_new_tokens=NEW_TOKENS, link=LINK
+            pair,
+            prompt,
+            method,
+            temperature=0,
+            gamma=gamma,
+            max_new_tokens=NEW_TOKENS,
+            link=LINK,
+            reuse=store,
+            **TABLES,
         )
         assert res.token_ids == ref, (method, prompt)
         assert res.text == pair.decode(ref)
+    assert store.passes_run > 0 and store.passes_replayed > 0
+
+
+def test_every_lossless_hetero_method_is_checked_greedy_on_every_prompt() -> None:
+    checked = {run for gamma in (2, 4) for run in _runs_at(gamma)}
+    assert {method for method, _ in checked} == set(HETERO_OK)
+    assert {prompt for _, prompt in checked} == set(PROMPTS)
 
 
 def test_hetero_pair_alignment_is_the_expected_overlap(hetero) -> None:
@@ -137,8 +165,17 @@ def test_bf16_invariant_hetero_pair_greedy_equals_target_generate() -> None:
         ref = pair.target.model.generate(
             ids, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(ids)
         )[0, ids.shape[1] :].tolist()
+    store = JobReplay()
     for method in ("xcosd", "acespec-x"):
         res = wanspec.generate(
-            pair, prompt, method, temperature=0, gamma=4, max_new_tokens=12, link=LINK
+            pair,
+            prompt,
+            method,
+            temperature=0,
+            gamma=4,
+            max_new_tokens=12,
+            link=LINK,
+            reuse=store,
+            **TABLES,
         )
         assert res.token_ids == ref, method

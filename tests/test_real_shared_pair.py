@@ -9,7 +9,8 @@ from __future__ import annotations
 import pytest
 
 import wanspec
-from test_real_pairs import LINK, PROMPTS, _reference
+from test_real_pairs import LINK, PROMPTS, TABLES, _reference
+from wanspec.models.replay import JobReplay
 from wanspec.protocols.registry import METHODS
 
 pytestmark = pytest.mark.slow
@@ -19,7 +20,8 @@ pytestmark = pytest.mark.slow
 # 151,936 logits rows): HR verification and the tree pipeline. The other cross-vocabulary
 # methods share those code paths; each runs on the real heterogeneous pair
 # (test_real_pairs.py) and, with a shared vocabulary, on the synthetic pair at three γ
-# (test_protocols.py). Each method costs a dozen 1.5B fp32 passes (~2 s each here).
+# (test_protocols.py). Each distinct pass is a 1.5B fp32 pass (~2 s here); the methods share
+# them through one replay store, as in test_real_pairs.py.
 SHARED_PAIR_METHODS = [n for n, m in METHODS.items() if m.shared_vocab_only] + [
     "xcosd",
     "acespec-x",
@@ -32,9 +34,18 @@ def test_shared_pair_greedy_equals_target_generate() -> None:
     assert pair.shared_vocab
     prompt = PROMPTS[0]
     ref = _reference(pair, prompt, 12)
+    store = JobReplay()
     for method in SHARED_PAIR_METHODS:
         assert METHODS[method].lossless
         res = wanspec.generate(
-            pair, prompt, method, temperature=0, gamma=4, max_new_tokens=len(ref), link=LINK
+            pair,
+            prompt,
+            method,
+            temperature=0,
+            gamma=4,
+            max_new_tokens=len(ref),
+            link=LINK,
+            reuse=store,
+            **TABLES,
         )
         assert res.token_ids == ref, method
