@@ -33,7 +33,8 @@ from wanspec.sampling import (
 from worlds import PROMPT_IDS, World
 
 LOSSLESS = [name for name, m in METHODS.items() if m.lossless]
-SHIPS_Q = ["naive", "cosd", "xcosd", "picospec", "acespec"]  # lossless methods that ship q
+# lossless methods that ship q
+SHIPS_Q = ["naive", "cosd", "xcosd", "picospec", "acespec", "deepspec"]
 
 # ----------------------------------------------------------------------------- primitives
 

@@ -69,6 +69,37 @@ def test_a_verdict_arriving_mid_tree_does_not_shift_the_draft_streams(
     assert slow.tokens == fast.tokens
 
 
+@pytest.mark.parametrize(
+    ("rtt_s", "temperature", "gamma"), [(0.02, 1.0, 4), (0.15, 1.2, 3), (0.3, 0.7, 2)]
+)
+def test_deepspec_gives_acespecs_tokens_with_chains_sent_ahead(
+    shared_world: World, rtt_s: float, temperature: float, gamma: int
+) -> None:
+    """A chain sent before the verdict is the chain AceSpec sends after it, so a seed gives the
+    same tokens; edge and cloud agree on which chains went stale, and some chains sent ahead were
+    verified (a chain accepted whole was followed by the one already sent)."""
+    link = Link(bandwidth_bps=1e7, rtt_s=rtt_s)
+    sent = stale = 0
+    for seed in range(3):
+        settings = dict(seed=seed, max_new_tokens=40, temperature=temperature, gamma=gamma)
+        ace, _, _ = shared_world.run("acespec", link=link, **settings)
+        deep, edge, cloud = shared_world.run("deepspec", link=link, **settings)
+        assert deep.tokens == ace.tokens
+        sent += edge.counters["chains_sent_ahead"]
+        stale += edge.counters.get("stale_chains_ahead", 0)
+        assert cloud.counters.get("stale_drafts", 0) == edge.counters.get("stale_chains_ahead", 0)
+        assert len(edge.accepted_per_round) == cloud.counters["rounds"]
+    assert 0 < stale < sent  # both outcomes of a chain sent ahead occurred
+
+
+def test_deepspec_sends_nothing_ahead_past_the_tokens_asked_for(shared_world: World) -> None:
+    """A chain whose base would reach max_new_tokens is never sent (the cloud would refuse it)."""
+    for seed in range(6):
+        sim, _, _ = shared_world.run("deepspec", seed=seed, max_new_tokens=5, gamma=4)
+        assert sim.finish_reason == "length" and len(sim.tokens) == 5
+        assert sim.cloud_finish is None or not sim.cloud_finish.startswith("error")
+
+
 def test_acespec_x_tokens_do_not_depend_on_the_tree(hetero_world: World) -> None:
     settings = dict(seed=7, max_new_tokens=20, temperature=1.0, gamma=2, srdv_k=2)
     runs = [hetero_world.run("acespec-x", tree_budget=b, **settings)[0] for b in (1, 8, 32)]

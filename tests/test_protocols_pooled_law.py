@@ -51,6 +51,7 @@ SHARED_P = {A: 0.45, B: 0.1, C: 0.15, D: 0.15, E: 0.15}
 O_TOKEN = 286  # 'ĠĠ' in the target's vocabulary
 HETERO_Q = {A: 3 / 6, B: 2 / 6, O_TOKEN: 1 / 6}
 ALL_TREE = ("redraft", "alternative")  # tree settings with both misses and alternatives' hits
+AHEAD = (*ALL_TREE, "ahead verified", "ahead stale")  # and chains sent before their verdicts
 
 
 def _shared_world() -> World:
@@ -145,6 +146,8 @@ SETTINGS = [
         ALL_TREE,
     ),
     ("shared", "acespec", 60, {"gamma": 2, "tree_budget": 2}, ALL_TREE),
+    ("shared", "deepspec", 80, {"gamma": 1, "tree_budget": 2, "tree_fixed": True}, AHEAD),
+    ("shared", "deepspec", 60, {"gamma": 2, "tree_budget": 4}, AHEAD),
     ("hetero", "naive", 50, {"gamma": 2}, ()),
     ("hetero", "ul", 50, {"gamma": 2}, ()),
     ("hetero", "xcosd", 50, {"gamma": 2}, ()),
@@ -189,6 +192,8 @@ def _check_paths(method: str, settings: dict, paths: Counter, wanted: tuple[str,
         "alternative": paths["cache_hits"] > paths[f"accepted={gamma}"],
         "fallback": paths["srdv_fallbacks"] > 0,
         "o_request": paths["hr_o_requests"] > 0,
+        "ahead verified": paths["chains_sent_ahead"] > paths["stale_chains_ahead"],
+        "ahead stale": paths["stale_chains_ahead"] > 0,
     }
     assert all(seen[name] for name in wanted), (seen, paths)
 

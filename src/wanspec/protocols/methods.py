@@ -19,6 +19,7 @@ class MethodInfo:
     aliases: tuple[str, ...] = ()
     source: str = ""
     family: str = "speculative"  # speculative | pipeline | ar | split: which machines run it
+    sends_ahead: bool = False  # a pipeline that sends the next chain before the verdict
 
     @property
     def needs_draft(self) -> bool:
@@ -135,6 +136,18 @@ METHODS: dict[str, MethodInfo] = {
             True,
             source="AceSpec",
             family="pipeline",
+        ),
+        MethodInfo(
+            "deepspec",
+            True,
+            "AceSpec with two chains in flight: the drafted continuation goes to the cloud before "
+            "the verdict, so a chain accepted whole is followed at once; a rejection makes it "
+            "stale and falls back on the tree cache",
+            spec.ResidualDownlink,
+            True,
+            source="wanspec (in neither paper)",
+            family="pipeline",
+            sends_ahead=True,
         ),
         MethodInfo(
             "acespec-x",

@@ -13,6 +13,16 @@ once (its KV entries kept behind the verified prefix, the rest dropped); a miss 
 and redrafts. At full acceptance the cloud samples no bonus token: the continuation's first token
 is verified at that position instead, which is the same law and gives the papers' E[L].
 
+`deepspec` keeps a second chain in flight: once the tree's passes are done and the verdict is
+still out, the edge sends the continuation right away as the next chain, assuming the one in
+flight will be accepted whole. The cloud verifies it the moment that chain is accepted whole,
+so the round trip is hidden; after a rejection its base no longer matches the cloud's output and
+the cloud drops it as stale, and the tree lookup goes on as in AceSpec. That staleness test by
+base alone is sound because the edge resolves every rejection here (the cloud never appends a
+token of its own, which could make a stale chain's base match). A chain sent ahead is the very
+chain AceSpec would send after that verdict, so a seed gives AceSpec's tokens; only the time
+differs.
+
 Draft tokens are sampled with a random stream keyed by (seed, output position), so a token
 drafted inside the tree is exactly the token a redraft would give there: the cache only saves
 draft work, and a run's tokens do not depend on the tree's shape, the budget or the timing.
@@ -37,6 +47,7 @@ from wanspec.protocols.base import (
     MessageReceived,
     ProtocolError,
     Purpose,
+    Send,
 )
 from wanspec.protocols.budget import BranchPlanner, ranked_capture
 from wanspec.protocols.schemes import dist_probs
@@ -103,9 +114,14 @@ class PipelineEdge(SpecEdge):
 
     EXPECTS = {**SpecEdge.EXPECTS, EdgeState.STALLED: ()}  # noqa: RUF012
 
-    def __init__(self, *, planner: BranchPlanner | None, **kwargs: Any) -> None:
+    def __init__(
+        self, *, planner: BranchPlanner | None, send_ahead: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self.planner = planner
+        self.send_ahead = send_ahead
+        self.ahead: Round | None = None  # the continuation sent before the verdict (deepspec)
+        self.ahead_sent_at: float | None = None
         self.spec: Speculation | None = None
         self.pending_key: tuple[int, int | None] | None = None  # what STALLED goes on with
         self.sent_at: float | None = None
@@ -199,6 +215,8 @@ class PipelineEdge(SpecEdge):
         spec.passes_done += 1
         if spec.passes_done < spec.passes_planned:
             return [self._tree_pass()]
+        if self.state == EdgeState.WAITING and self.send_ahead:
+            return self._send_continuation(spec)
         if self.state == EdgeState.STALLED:
             key, self.pending_key = self.pending_key, None
             assert key is not None
@@ -210,6 +228,22 @@ class PipelineEdge(SpecEdge):
         # tree is still being drafted, and the keyed stream must not shift with that timing
         position = spec.base + branch.start + len(branch.tokens)
         self._append_keyed(branch, row, position)
+
+    def _send_continuation(self, spec: Speculation) -> list[Action]:
+        """Send the drafted continuation as the next chain before the verdict (`deepspec`): its
+        base is where the cloud's output stands if the chain in flight is accepted whole."""
+        branch = spec.find(self.settings.gamma, None)
+        base = spec.base + len(self.round.tokens)
+        if branch is None or base >= self.settings.max_new_tokens:
+            return []
+        ahead = Round(self._rounds, base)
+        self._rounds += 1
+        ahead.tokens, ahead.draft_ids = list(branch.tokens), list(branch.draft_ids)
+        ahead.probs, ahead.dists = list(branch.probs), list(branch.dists)
+        ahead.keys = list(branch.keys)
+        self.ahead, self.ahead_sent_at = ahead, self.now
+        self.count("chains_sent_ahead")
+        return [Send(self.draft_message(ahead))]
 
     # ---- the verdict
     def on_reply(self, msg: Any) -> list[Action]:
@@ -282,6 +316,12 @@ class PipelineEdge(SpecEdge):
     def _continue(self, key: tuple[int, int | None]) -> list[Action]:
         spec = self.spec
         branch = None if spec is None else spec.find(*key)
+        ahead, self.ahead = self.ahead, None
+        if ahead is not None:
+            if key[1] is None:  # accepted whole: the chain sent ahead is already with the cloud
+                assert branch is not None
+                return self._adopt(branch, ahead)
+            self.count("stale_chains_ahead")
         if branch is not None and spec.passes_done < spec.passes_planned:
             self.pending_key = key  # a hit whose branch is still being drafted: wait for it
             self.state = EdgeState.STALLED
@@ -304,6 +344,16 @@ class PipelineEdge(SpecEdge):
         return self.draft_ctx == [*self.round_ctx, *chain, root]
 
     def _hit(self, branch: Branch) -> list[Action]:
+        keep = self._keep_branch(branch)
+        rnd = self._open_round()
+        rnd.tokens, rnd.draft_ids = list(branch.tokens), list(branch.draft_ids)
+        rnd.probs, rnd.dists = list(branch.probs), list(branch.dists)
+        rnd.keys = list(branch.keys)
+        return [keep, *self._upload()]
+
+    def _keep_branch(self, branch: Branch) -> Any:
+        """A hit branch becomes the next chain: keep its cache path, drop the rest of the tree,
+        and rank its alternatives (only now: they matter only once it is the chain)."""
         spec = self.spec
         assert spec is not None
         self.count("cache_hits")
@@ -312,16 +362,22 @@ class PipelineEdge(SpecEdge):
         keep = self.compute(Purpose.KEEP, KeepTreePath(tuple(branch.nodes[:gamma])))
         self.cache.assume([*self.draft_ctx, *branch.draft_ids[: gamma - 1]])
         self.round_ctx = list(self.draft_ctx)
-        rnd = self._open_round()
-        rnd.tokens, rnd.draft_ids = list(branch.tokens), list(branch.draft_ids)
-        rnd.probs, rnd.dists = list(branch.probs), list(branch.dists)
-        rnd.keys = list(branch.keys)
-        # ranked only now: a branch's alternatives matter only once it is the chain
         limit = self._rank_limit
         self.alternatives = [
             row.ranked(limit, token) for row, token in zip(branch.dists, branch.tokens, strict=True)
         ]
-        return [keep, *self._upload()]
+        return keep
+
+    def _adopt(self, branch: Branch, ahead: Round) -> list[Action]:
+        """The chain in flight was accepted whole, and its continuation went out ahead: that is
+        now the open round; keep its cache path and draft the tree for it while it is verified."""
+        if not self._fits(branch):
+            raise RuntimeError("the continuation sent ahead does not spell the committed context")
+        keep = self._keep_branch(branch)
+        self.round = ahead
+        self.sent_at = self.ahead_sent_at
+        self.enter(EdgeState.WAITING)
+        return [keep, *self._speculate()]
 
     @property
     def cache_hit_rate(self) -> float | None:

@@ -108,7 +108,8 @@ def make_edge(
         **common,
     )
     if info.family == "pipeline":
-        return PipelineEdge(planner=_planner(info.name, settings, tree_seconds), **drafting)
+        planner = _planner(info.name, settings, tree_seconds)
+        return PipelineEdge(planner=planner, send_ahead=info.sends_ahead, **drafting)
     return SpecEdge(**drafting)
 
 

@@ -179,19 +179,22 @@ class SpecEdge(EdgeMachine):
         chain.dists.append(row)
 
     def _upload(self) -> list[Action]:
-        rnd = self.round
+        msg = self.draft_message(self.round)
+        self.pending_echo = []
+        self.enter(EdgeState.WAITING)
+        return [Send(msg)]
+
+    def draft_message(self, rnd: Round) -> Draft:
+        """The message that sends `rnd` to the cloud, with the tokens the edge decided since the
+        last one (`pending_echo`)."""
         if self.scheme.uploads_dists:
             positions = self.scheme.upload_positions(self, rnd)
             if self.scheme.skipped_counter is not None:
                 self.count(self.scheme.skipped_counter, len(rnd.tokens) - len(positions))
-            msg: Draft = self.dists_message(rnd, positions)
-        else:
-            msg = wire.Draft(
-                rnd.index, rnd.base, tuple(self.pending_echo), tuple(rnd.tokens), tuple(rnd.probs)
-            )
-        self.pending_echo = []
-        self.enter(EdgeState.WAITING)
-        return [Send(msg)]
+            return self.dists_message(rnd, positions)
+        return wire.Draft(
+            rnd.index, rnd.base, tuple(self.pending_echo), tuple(rnd.tokens), tuple(rnd.probs)
+        )
 
     @staticmethod
     def draft_probs(rnd: Round, position: int) -> np.ndarray:
