@@ -106,6 +106,14 @@ class Speculation:
         return None
 
 
+def _chain_of(branch: Branch, rnd: Round) -> Round:
+    """`rnd` holding a drafted branch as its chain: tokens, draft ids, p̃(x), p̃ and stream keys."""
+    rnd.tokens, rnd.draft_ids = list(branch.tokens), list(branch.draft_ids)
+    rnd.probs, rnd.dists = list(branch.probs), list(branch.dists)
+    rnd.keys = list(branch.keys)
+    return rnd
+
+
 class PipelineEdge(SpecEdge):
     """The edge of `picospec`, `acespec` and `acespec-x` (see the module docstring).
 
@@ -236,11 +244,8 @@ class PipelineEdge(SpecEdge):
         base = spec.base + len(self.round.tokens)
         if branch is None or base >= self.settings.max_new_tokens:
             return []
-        ahead = Round(self._rounds, base)
+        ahead = _chain_of(branch, Round(self._rounds, base))
         self._rounds += 1
-        ahead.tokens, ahead.draft_ids = list(branch.tokens), list(branch.draft_ids)
-        ahead.probs, ahead.dists = list(branch.probs), list(branch.dists)
-        ahead.keys = list(branch.keys)
         self.ahead, self.ahead_sent_at = ahead, self.now
         self.count("chains_sent_ahead")
         return [Send(self.draft_message(ahead))]
@@ -345,10 +350,7 @@ class PipelineEdge(SpecEdge):
 
     def _hit(self, branch: Branch) -> list[Action]:
         keep = self._keep_branch(branch)
-        rnd = self._open_round()
-        rnd.tokens, rnd.draft_ids = list(branch.tokens), list(branch.draft_ids)
-        rnd.probs, rnd.dists = list(branch.probs), list(branch.dists)
-        rnd.keys = list(branch.keys)
+        _chain_of(branch, self._open_round())
         return [keep, *self._upload()]
 
     def _keep_branch(self, branch: Branch) -> Any:

@@ -33,10 +33,6 @@ class TorchLogitRows:
     def __len__(self) -> int:
         return int(self.block.shape[0])
 
-    @property
-    def width(self) -> int:
-        return int(self.block.shape[1])
-
     @classmethod
     def concat(cls, parts: Sequence[TorchLogitRows]) -> TorchLogitRows:
         """One job's rows from the rows of its pieces, in order (a prefill run in pieces)."""
