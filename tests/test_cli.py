@@ -194,7 +194,8 @@ def test_every_setting_option_is_declared_once_by_the_dataclass() -> None:
                 continue
             field_help = settings[p.name].metadata["help"]
             assert p.help == field_help or (p.help or "").startswith(field_help + " "), where
-            assert (p.type.name, p.multiple) == _click_form(types[p.name]), where
+            form = ("integer|auto", False) if settings[p.name].metadata.get("auto") else None
+            assert (p.type.name, p.multiple) == (form or _click_form(types[p.name])), where
             assert p.opts[0] == OWN_FLAGS.get(key, option_name(p.name)), where
     assert set(OWN_DEFAULTS) | set(OWN_FLAGS) | set(NOT_SETTINGS) <= seen
     assert ("edge", "gamma") in seen and ("bench overhead", "temperature") in seen

@@ -83,7 +83,23 @@ def _setting_option(name: str, default: Any, flag: str, note: str | None) -> Cal
     if kind not in (int, float, str):
         raise TypeError(f"no command-line form for setting {name}: {kind}")
     shown = {"show_default": True} if default is not None else {}
+    if SETTING_FIELDS[name].metadata.get("auto"):
+        kind = IntOrAuto()
     return click.option(flag, name, type=kind, default=default, help=help_text, **checked, **shown)
+
+
+class IntOrAuto(click.ParamType):
+    """An integer, or `auto` for a setting the run may choose online."""
+
+    name = "integer|auto"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "auto" or isinstance(value, int):
+            return value
+        try:
+            return int(value)
+        except ValueError:
+            self.fail(f"{value!r} is neither an integer nor 'auto'", param, ctx)
 
 
 def _check_setting(ctx: click.Context, param: click.Parameter, value: Any) -> Any:

@@ -314,17 +314,19 @@ class BranchPlanner:
         mean_curve = self._capture_sum / self._capture_count
         self._power_law = fit_power_law(np.arange(1, mean_curve.size + 1), mean_curve)
 
-    def budget(self, gamma: int) -> int:
-        """B*: branch tips per tree pass for a chain of γ, main continuation included."""
+    def budget(self, passes: int) -> int:
+        """B*: branch tips per tree pass for a tree of `passes` passes, main continuation
+        included."""
         if self.fixed_budget is not None:
             return self.fixed_budget
         if self.tree_seconds is None or self.window.value is None:
             return self.b_max
-        return tree_budget(self.b_max, self.window.value, self.tree_seconds, gamma)
+        return tree_budget(self.b_max, self.window.value, self.tree_seconds, passes)
 
-    def plan(self, gamma: int) -> list[int]:
-        """F_0..F_{γ−1} for the next tree, summing to B* − 1; records them in `stats`."""
-        budget = self.budget(gamma)
+    def plan(self, gamma: int, passes: int | None = None) -> list[int]:
+        """F_0..F_{γ−1} for the next tree over a chain of γ, summing to B* − 1 (the tree drafts
+        `passes` passes, γ unless the next chain's length differs); records them in `stats`."""
+        budget = self.budget(gamma if passes is None else passes)
         c, beta = self._power_law
         shape = allocate_branches(budget - 1, gamma, self.alpha, beta, self.mode)
         self.stats = {

@@ -42,6 +42,7 @@ from wanspec import wire
 from wanspec.jobs import KeepTreePath, LogitRows, TreeForward
 from wanspec.protocols.base import (
     Action,
+    Compute,
     ComputeDone,
     Event,
     MessageReceived,
@@ -50,6 +51,7 @@ from wanspec.protocols.base import (
     Send,
 )
 from wanspec.protocols.budget import BranchPlanner, ranked_capture
+from wanspec.protocols.control import ChainController
 from wanspec.protocols.schemes import dist_probs
 from wanspec.protocols.speculative import EdgeState, Round, SpecEdge
 from wanspec.sampling.proposal import DraftRow
@@ -95,6 +97,7 @@ class Speculation:
 
     branches: list[Branch]
     base: int  # tokens committed when the chain was sent: output positions count from here
+    depth: int  # the chain's length: the continuation branch hangs off its last token
     passes_done: int = 0
     passes_planned: int = 0
     nodes: int = 0
@@ -123,11 +126,19 @@ class PipelineEdge(SpecEdge):
     EXPECTS = {**SpecEdge.EXPECTS, EdgeState.STALLED: ()}  # noqa: RUF012
 
     def __init__(
-        self, *, planner: BranchPlanner | None, send_ahead: bool = False, **kwargs: Any
+        self,
+        *,
+        planner: BranchPlanner | None,
+        send_ahead: bool = False,
+        controller: ChainController | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.planner = planner
         self.send_ahead = send_ahead
+        self.controller = controller
+        self.next_length = self.settings.gamma if controller is None else controller.start
+        self.issued_at: dict[str, float | None] = {}  # when the last job of a kind went out
         self.ahead: Round | None = None  # the continuation sent before the verdict (deepspec)
         self.ahead_sent_at: float | None = None
         self.spec: Speculation | None = None
@@ -142,12 +153,32 @@ class PipelineEdge(SpecEdge):
     def handle(self, event: Event) -> list[Action]:
         if isinstance(event, MessageReceived | ComputeDone) and event.at is not None:
             self.now = event.at
-        return super().handle(event)
+        actions = super().handle(event)
+        for action in actions:
+            if isinstance(action, Compute):
+                self.issued_at[action.label] = self.now
+        return actions
+
+    def _timed(self, purpose: Purpose) -> float | None:
+        """Seconds since the last job of this kind was issued (None without clock stamps)."""
+        issued = self.issued_at.get(purpose)
+        return None if issued is None or self.now is None else self.now - issued
+
+    @property
+    def chain_length(self) -> int:
+        return self.next_length
+
+    def _choose_length(self) -> int:
+        """γ of the next chain: the controller's choice, or the setting."""
+        if self.controller is not None:
+            self.next_length = self.controller.next_gamma()
+        return self.next_length
 
     # ---- drafting the main chain
     def _begin_round(self) -> list[Action]:
         self.alternatives = []
         self.round_ctx = list(self.draft_ctx)
+        self._choose_length()
         return super()._begin_round()
 
     def _take(self, logits: LogitRows) -> None:
@@ -178,25 +209,29 @@ class PipelineEdge(SpecEdge):
 
     # ---- drafting ahead while the chain is in flight
     def _speculate(self) -> list[Action]:
-        rnd, gamma = self.round, self.settings.gamma
-        fanout = self.planner.plan(gamma) if self.planner is not None else [0] * gamma
-        branches = [Branch.continuation(gamma, rnd.tokens[-1])]
-        for depth, width in enumerate(fanout):
-            branches += [Branch.alternative(depth, a) for a in self.alternatives[depth][:width]]
-        self.spec = Speculation(branches, self.generated, passes_planned=gamma)
+        """Plan the tree for the chain just sent: its alternatives branch off the chain's
+        depths, and every branch is drafted as long as the next chain will be."""
+        rnd, depth = self.round, len(self.round.tokens)
+        passes = self._choose_length()
+        fanout = self.planner.plan(depth, passes) if self.planner is not None else [0] * depth
+        branches = [Branch.continuation(depth, rnd.tokens[-1])]
+        for k, width in enumerate(fanout):
+            branches += [Branch.alternative(k, a) for a in self.alternatives[k][:width]]
+        self.spec = Speculation(branches, self.generated, depth, passes_planned=passes)
         self.count("tree_rounds")
         self.count("tree_branches", len(branches) - 1)
         self.rounds_log.append({"round": rnd.index, "fanout": list(fanout)})
         return [self._tree_pass()]
 
     def _tree_pass(self) -> Any:
-        spec, gamma = self.spec, self.settings.gamma
+        spec = self.spec
         assert spec is not None
+        depth = spec.depth
         tokens, parents = [], []
         for branch in spec.branches:
             if spec.passes_done == 0:
                 tokens.append(int(self.alignment.target_to_draft[branch.root]))
-                parents.append(-(gamma - branch.depth) if branch.depth < gamma else -1)
+                parents.append(-(depth - branch.depth) if branch.depth < depth else -1)
             else:
                 tokens.append(branch.draft_ids[-1])
                 parents.append(branch.nodes[-1])
@@ -208,10 +243,21 @@ class PipelineEdge(SpecEdge):
 
     def on_compute(self, purpose: Purpose, result: Any) -> list[Action]:
         if purpose == Purpose.DRAFT:
+            self._observe_compute(purpose)
             return super().on_compute(purpose, result)
         if purpose == Purpose.KEEP:
             return []
+        self._observe_compute(purpose)
         return self._tree_done(result)
+
+    def _observe_compute(self, purpose: Purpose) -> None:
+        seconds = self._timed(purpose)
+        if self.controller is None or seconds is None:
+            return
+        if purpose == Purpose.DRAFT:
+            self.controller.observe_draft(seconds)
+        else:
+            self.controller.observe_tree_pass(seconds)
 
     def _tree_done(self, rows: LogitRows) -> list[Action]:
         """One tree pass is back: extend every branch, then draft on, or end a stall."""
@@ -240,8 +286,8 @@ class PipelineEdge(SpecEdge):
     def _send_continuation(self, spec: Speculation) -> list[Action]:
         """Send the drafted continuation as the next chain before the verdict (`deepspec`): its
         base is where the cloud's output stands if the chain in flight is accepted whole."""
-        branch = spec.find(self.settings.gamma, None)
-        base = spec.base + len(self.round.tokens)
+        branch = spec.find(spec.depth, None)
+        base = spec.base + spec.depth
         if branch is None or base >= self.settings.max_new_tokens:
             return []
         ahead = _chain_of(branch, Round(self._rounds, base))
@@ -272,11 +318,15 @@ class PipelineEdge(SpecEdge):
             self.planner.observe_capture(ranked_capture(residual, ranked, self.planner.b_max))
 
     def _observe(self, accepted: int) -> None:
+        drafted = len(self.round.tokens)
+        window = None if self.sent_at is None or self.now is None else self.now - self.sent_at
+        if self.controller is not None:
+            self.controller.observe_verdict(accepted, drafted, window)
         if self.planner is None:
             return
-        if self.sent_at is not None and self.now is not None:
-            self.planner.observe_window(self.now - self.sent_at)
-        self.planner.observe_round(accepted, self.settings.gamma)
+        if window is not None:
+            self.planner.observe_window(window)
+        self.planner.observe_round(accepted, drafted)
 
     def _all_accepted(self, rnd: Round) -> list[Action]:
         self._observe(len(rnd.tokens))
@@ -332,7 +382,10 @@ class PipelineEdge(SpecEdge):
             self.state = EdgeState.STALLED
             self.count("pipeline_stalls")
             return []
-        if branch is not None and self._fits(branch):
+        hit = branch is not None and self._fits(branch)
+        if self.controller is not None and key[1] is not None:
+            self.controller.observe_outcome(hit)
+        if hit:
             return self._hit(branch)
         self.count("cache_misses")
         self.count("redrafts")
@@ -344,7 +397,7 @@ class PipelineEdge(SpecEdge):
     def _fits(self, branch: Branch) -> bool:
         """The kept cache path must spell exactly the committed draft context (across
         vocabularies the retokeniser may spell committed text differently)."""
-        chain = self.round.draft_ids[: min(branch.depth, self.settings.gamma - 1)]
+        chain = self.round.draft_ids[: min(branch.depth, len(self.round.tokens) - 1)]
         root = int(self.alignment.target_to_draft[branch.root])
         return self.draft_ctx == [*self.round_ctx, *chain, root]
 
@@ -360,9 +413,9 @@ class PipelineEdge(SpecEdge):
         assert spec is not None
         self.count("cache_hits")
         self.count("wasted_tree_nodes", spec.nodes - len(branch.nodes))
-        gamma = self.settings.gamma
-        keep = self.compute(Purpose.KEEP, KeepTreePath(tuple(branch.nodes[:gamma])))
-        self.cache.assume([*self.draft_ctx, *branch.draft_ids[: gamma - 1]])
+        length = len(branch.tokens)
+        keep = self.compute(Purpose.KEEP, KeepTreePath(tuple(branch.nodes[:length])))
+        self.cache.assume([*self.draft_ctx, *branch.draft_ids[: length - 1]])
         self.round_ctx = list(self.draft_ctx)
         limit = self._rank_limit
         self.alternatives = [

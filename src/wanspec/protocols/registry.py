@@ -8,6 +8,7 @@ from typing import Any
 
 from wanspec.protocols.base import Machine
 from wanspec.protocols.budget import BranchPlanner
+from wanspec.protocols.control import ChainController
 from wanspec.protocols.endpoints import (
     CloudEndpoint,
     EdgeMachine,
@@ -17,7 +18,7 @@ from wanspec.protocols.endpoints import (
 )
 from wanspec.protocols.methods import METHODS, MethodInfo, get_method
 from wanspec.protocols.pipeline import PipelineEdge
-from wanspec.protocols.settings import GenerationSettings
+from wanspec.protocols.settings import DEFAULT_GAMMA, GenerationSettings
 from wanspec.protocols.speculative import SpecCloud, SpecEdge
 from wanspec.protocols.stream import ArCloud, ArEdge, SplitCloud, SplitEdge
 from wanspec.vocab import VocabAlignment, fingerprint
@@ -78,6 +79,11 @@ def make_edge(
     `target_tokenizer` (transformers) makes stop strings match as transformers' criteria do,
     special tokens and matches across the prompt/output boundary included."""
     info = get_method(method)
+    if settings.adaptive_gamma and info.family != "pipeline":
+        raise ValueError(
+            f"gamma 'auto' needs a pipeline method (picospec, acespec, deepspec, acespec-x), whose "
+            f"tokens do not depend on γ; {info.name!r} would change its tokens with every choice"
+        )
     if info.shared_vocab_only and not alignment.is_identity:
         raise ValueError(
             f"method {info.name!r} needs a shared vocabulary, but the draft and target tokenizers "
@@ -109,7 +115,18 @@ def make_edge(
     )
     if info.family == "pipeline":
         planner = _planner(info.name, settings, tree_seconds)
-        return PipelineEdge(planner=planner, send_ahead=info.sends_ahead, **drafting)
+        controller = (
+            ChainController(
+                start=min(DEFAULT_GAMMA, settings.gamma),
+                gamma_max=settings.gamma,
+                send_ahead=info.sends_ahead,
+            )
+            if settings.adaptive_gamma
+            else None
+        )
+        return PipelineEdge(
+            planner=planner, send_ahead=info.sends_ahead, controller=controller, **drafting
+        )
     return SpecEdge(**drafting)
 
 

@@ -32,6 +32,9 @@ MAX_NEW_TOKENS = 1 << 20
 MAX_TREE_TIPS = 1024
 # Seeds travel as JSON integers and seed numpy; keep them within an int64 like every counter.
 MAX_SEED = (1 << 63) - 1
+# γ when none is given, and where `gamma="auto"` starts; the longest chain it may choose.
+DEFAULT_GAMMA = 4
+AUTO_GAMMA_MAX = 8
 # Stop strings a request may carry (an OpenAI request carries at most 4; the edge service's cap).
 MAX_STOP_STRINGS = 16
 
@@ -74,7 +77,10 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     ),
     "max_new_tokens": (_int_in(1, MAX_NEW_TOKENS), f"an integer in [1, {MAX_NEW_TOKENS}]"),
     "seed": (_int_in(0, MAX_SEED), "an integer in [0, 2^63 - 1]"),
-    "gamma": (_int_in(1, MAX_GAMMA), f"an integer in [1, {MAX_GAMMA}] (the wire's draft limit)"),
+    "gamma": (
+        _int_in(1, MAX_GAMMA),
+        f"an integer in [1, {MAX_GAMMA}] (the wire's draft limit) or 'auto'",
+    ),
     "srdv_k": (
         _int_in(1, MAX_SRDV_K),
         f"an integer in [1, {MAX_SRDV_K}] (the wire's candidate limit)",
@@ -93,6 +99,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
         "'single', 'uniform' or 'geometric'",
     ),
     "tree_fixed": (_is_bool, "True or False"),
+    "adaptive_gamma": (_is_bool, "True or False"),
 }
 
 
@@ -110,7 +117,20 @@ class GenerationSettings:
     top_k: int = field(default=0, metadata=_help("Keep only the k likeliest tokens; 0 = off."))
     top_p: float = field(default=1.0, metadata=_help("Nucleus (top-p) mass; 1.0 = off."))
     seed: int = field(default=0, metadata=_help("Seed of the run's random draws."))
-    gamma: int = field(default=4, metadata=_help("Draft length: tokens drafted per round."))
+    gamma: int = field(
+        default=DEFAULT_GAMMA,
+        metadata={
+            **_help(
+                "Draft length: tokens drafted per round; 'auto' (pipelines): chosen per chain "
+                f"from the measured link, up to {AUTO_GAMMA_MAX}."
+            ),
+            "auto": True,
+        },
+    )
+    adaptive_gamma: bool = field(
+        default=False,
+        metadata=_help("Pipelines: choose γ per chain online, with `gamma` as its upper limit."),
+    )
     stop: tuple[str, ...] = field(default=(), metadata=_help("Stop string (repeatable)."))
     ignore_eos: bool = field(
         default=False, metadata=_help("Keep generating past the end-of-sequence token.")
@@ -162,6 +182,9 @@ class GenerationSettings:
         if not isinstance(self.stop, list | tuple):
             raise ValueError(f"invalid setting stop={shown(self.stop)}: must be a list of strings")
         object.__setattr__(self, "stop", tuple(self.stop))
+        if self.gamma == "auto":  # the controller's upper limit, and the switch that enables it
+            object.__setattr__(self, "gamma", AUTO_GAMMA_MAX)
+            object.__setattr__(self, "adaptive_gamma", True)
         for name, (ok, rule) in _RULES.items():
             value = getattr(self, name)
             if not ok(value):

@@ -140,9 +140,14 @@ class SpecEdge(EdgeMachine):
     def on_compute(self, purpose: Purpose, result: Any) -> list[Action]:
         rnd = self.round
         self._take(result.last())
-        if len(rnd.tokens) < self.settings.gamma:
+        if len(rnd.tokens) < self.chain_length:
             return [self.compute(Purpose.DRAFT, self.cache.plan(self.draft_ctx + rnd.draft_ids))]
         return self._upload()
+
+    @property
+    def chain_length(self) -> int:
+        """γ of the round being drafted."""
+        return self.settings.gamma
 
     def _take(self, logits: LogitRows) -> None:
         rnd = self.round
