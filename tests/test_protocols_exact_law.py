@@ -209,3 +209,31 @@ def test_the_tv_bound_sums_the_rounding_distance_of_each_decided_position(
     expected = round_probs(q, SETTINGS["q_bits"]).tv if method == "naive" else 0.0
     assert expected == 0.0 or expected > 1e-7
     assert cloud.counters["tv_bound"] == pytest.approx(expected, rel=1e-12, abs=0.0)
+
+
+# The draft proposing from a reshaped p̃ (its top two tokens' mass × 0.3), which it reports.
+RESHAPE = {"draft_reshape": 0.3, "draft_reshape_top": 2}
+
+
+@pytest.mark.parametrize("method", ["sd", "xcosd-e", "picospec"])
+def test_a_reshaped_draft_keeps_the_law_exact(skewed_world: World, scripted, method: str) -> None:
+    """The draft may propose from any law it reports exactly: with the reshaped p̃ a token of
+    q's support gets p̃ > q (acceptance odds below 1, where the plain p̃ had them above), so
+    a reported p̃(x) that is not the law the token was drawn from changes the law."""
+    q, plain = _first_position(skewed_world)
+    _, p = _first_position(skewed_world, **RESHAPE)
+    assert np.any((p > q) & (plain < q) & (q > 0))
+    ships = method == "picospec"
+    expected = round_probs(q, SETTINGS["q_bits"]).probs if ships else q / q.sum()
+    _assert_law(scripted(skewed_world, method, **RESHAPE), expected)
+
+
+def test_a_reshaped_draft_proposes_from_the_reshaped_law(skewed_world: World, scripted) -> None:
+    """GR's law depends on the proposal: the drafted token is drawn from the reshaped p̃."""
+    q, plain = _first_position(skewed_world)
+    _, p = _first_position(skewed_world, **RESHAPE)
+    argmax = np.zeros(q.size)
+    argmax[int(np.argmax(q))] = 1.0
+    expected = _speculative_law(q, p, argmax)
+    assert np.abs(expected - _speculative_law(q, plain, argmax)).max() > 1e-3
+    _assert_law(scripted(skewed_world, "gr", **RESHAPE), expected)

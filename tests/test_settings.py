@@ -8,6 +8,7 @@ import pytest
 
 from wanspec import wire
 from wanspec.protocols.settings import MAX_GAMMA, MAX_NEW_TOKENS, MAX_SRDV_M, GenerationSettings
+from wanspec.sampling.proposal import MAX_CANDIDATES
 
 BAD = [
     ("seed", -1),
@@ -39,6 +40,13 @@ BAD = [
     ("min_p", math.nan),
     ("repetition_penalty", 0.0),
     ("repetition_penalty", -1.1),
+    ("draft_reshape", 0.0),
+    ("draft_reshape", 1.5),
+    ("draft_reshape", math.nan),
+    ("draft_reshape", "0.5"),
+    ("draft_reshape_top", 0),
+    ("draft_reshape_top", MAX_CANDIDATES + 1),
+    ("draft_reshape_top", 2.0),
     ("stop", "###"),
     ("stop", ("ok", "")),
     ("stop", ("ok", 3)),
@@ -61,6 +69,8 @@ def test_limits_follow_the_wire() -> None:
         seed=(1 << 63) - 1,
         max_new_tokens=MAX_NEW_TOKENS,
         stop=("x" * (wire.DEFAULT_LIMITS.max_string - 1000),),
+        draft_reshape=1e-300,
+        draft_reshape_top=MAX_CANDIDATES,
     )
     # the largest settings still travel: StartRequest encodes and decodes them unchanged
     frame = wire.encode(wire.StartRequest(0, "hi", edge.to_dict()))

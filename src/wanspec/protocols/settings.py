@@ -14,6 +14,7 @@ from typing import Any
 
 from wanspec.protocols.base import shown
 from wanspec.sampling import Q_BITS, SamplingParams
+from wanspec.sampling.proposal import MAX_CANDIDATES
 from wanspec.wire import DEFAULT_LIMITS, WireError
 from wanspec.wire.validate import check_settings
 
@@ -100,6 +101,8 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     ),
     "tree_fixed": (_is_bool, "True or False"),
     "adaptive_gamma": (_is_bool, "True or False"),
+    "draft_reshape": (_real_in(0.0, 1.0, open_low=True), "a number in (0, 1] (1 = off)"),
+    "draft_reshape_top": (_int_in(1, MAX_CANDIDATES), f"an integer in [1, {MAX_CANDIDATES}]"),
 }
 
 
@@ -176,6 +179,15 @@ class GenerationSettings:
     tree_fixed: bool = field(
         default=False,
         metadata=_help("AceSpec: always use the full tree budget, ignoring the network window."),
+    )
+    # The draft may propose from any law it reports exactly: moving its mass off the tokens a
+    # tree caches moves a rejection's residual onto them (more hits, at some acceptance).
+    draft_reshape: float = field(
+        default=1.0,
+        metadata=_help("Factor on the draft's mass of its top tokens (reported exactly); 1 = off."),
+    )
+    draft_reshape_top: int = field(
+        default=4, metadata=_help("How many of the draft's top tokens --draft-reshape scales.")
     )
 
     def __post_init__(self) -> None:

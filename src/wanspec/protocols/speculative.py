@@ -162,10 +162,12 @@ class SpecEdge(EdgeMachine):
         return self._draft_rows(logits, ranks)[0]
 
     def _draft_rows(self, logits: LogitRows, ranks: int = 0) -> list[DraftRow]:
-        """p̃ at each row of a block of draft logits (one tree pass's nodes), in one go."""
+        """p̃ at each row of a block of draft logits (one tree pass's nodes), in one go: the one
+        place a drafted law is made, so a chain, a tree and a redraft propose from the same
+        (reshaped, when the request asks) p̃, which is what the edge reports and uploads."""
         alignment = self.alignment
         try:
-            return logits.draft_rows(
+            rows = logits.draft_rows(
                 self.draft_params,
                 allowed=alignment.draft_in_common,
                 to_ids=None if alignment.is_identity else alignment.draft_to_target,
@@ -174,6 +176,8 @@ class SpecEdge(EdgeMachine):
             )
         except EmptyDraftRowError as exc:
             raise NoCommonMassError("draft logits are −inf on every common token") from exc
+        factor, top = self.settings.draft_reshape, self.settings.draft_reshape_top
+        return rows if factor == 1.0 else [row.reshaped(top, factor) for row in rows]
 
     def _append_draft(self, chain: Any, token: int, row: DraftRow) -> None:
         """Add a drafted token to a chain (a round or a pipeline's branch): its target id,

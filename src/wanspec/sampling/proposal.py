@@ -6,11 +6,11 @@ only holds, draws from and ranks them, so this module needs nothing but numpy.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from wanspec.sampling.quant import Counts, dequantize, sample
+from wanspec.sampling.quant import PROB_SCALE, Counts, dequantize, quantize_rows, sample
 
 MAX_CANDIDATES = 256  # the tokens a drafted position proposes from (unless a top-k asks for more)
 
@@ -64,6 +64,25 @@ class DraftRow:
             values, ids = self.source[index], as_ids(index, self.to_ids)
         ranked = [int(i) for v, i in zip(values, ids, strict=True) if v > -np.inf and i != exclude]
         return ranked[:limit]
+
+    def reshaped(self, top: int, factor: float) -> DraftRow:
+        """This row with the counts of its `top` highest-logit candidates (ties: the lower id, as
+        `ranked`) scaled by `factor` ∈ (0, 1] and renormalised, every nonzero count kept ≥ 1: a
+        proposal that leaves the tokens a tree caches to the residual. Still a law the draft
+        reports exactly; the ids, logits, support and ranking are this row's."""
+        if isinstance(top, bool) or not isinstance(top, int | np.integer) or top < 1:
+            raise ValueError(f"top must be an integer >= 1, got {top!r}")
+        if not 0.0 < factor <= 1.0:
+            raise ValueError(f"factor must be in (0, 1], got {factor!r}")
+        if factor == 1.0:
+            return self
+        weights = self.counts.astype(np.float64)
+        weights[np.argsort(-self.logits, kind="stable")[:top]] *= factor
+        support = self.counts > 0
+        # one count held back for each token of the support, so that none rounds out of it
+        spare = PROB_SCALE - int(support.sum())
+        counts = quantize_rows(weights[None, :], spare)[0] + support
+        return replace(self, counts=counts)
 
 
 def _top_indices(row: np.ndarray, k: int) -> np.ndarray:
