@@ -19,6 +19,7 @@ from wanspec.protocols.control import (
     best_gamma,
     chain_seconds,
     tokens_per_chain,
+    verdict_gap,
 )
 from wanspec.protocols.settings import AUTO_GAMMA_MAX, DEFAULT_GAMMA, GenerationSettings
 from wanspec.sim import Link
@@ -27,9 +28,9 @@ from worlds import World
 LINK = dict(window_s=0.3, tree_pass_s=0.02, draft_s=0.02, miss_share=0.5)
 
 
-def _rate(gamma: int, alpha: float, send_ahead: bool, **link: float) -> float:
+def _rate(gamma: int, alpha: float, chains: int, **link: float) -> float:
     return tokens_per_chain(alpha, gamma) / chain_seconds(
-        gamma, alpha=alpha, send_ahead=send_ahead, **{**LINK, **link}
+        gamma, alpha=alpha, chains_in_flight=chains, **{**LINK, **link}
     )
 
 
@@ -43,43 +44,51 @@ def test_tokens_per_chain_is_the_truncated_geometric_mean() -> None:
     assert tokens_per_chain(0.0, 3) == pytest.approx(1.0, abs=1e-2)  # α clamped, one token
 
 
-def test_one_chain_in_flight_pays_the_longer_of_tree_and_window_plus_the_misses() -> None:
-    alpha, gamma = 0.6, 3
-    seconds = chain_seconds(gamma, alpha=alpha, send_ahead=False, **LINK)
-    redraft = (1 - alpha**gamma) * 0.5 * gamma * 0.02
-    assert seconds == pytest.approx(max(gamma * 0.02, 0.3) + redraft)
-    slow_tree = chain_seconds(gamma, alpha=alpha, send_ahead=False, **{**LINK, "tree_pass_s": 0.2})
-    assert slow_tree == pytest.approx(gamma * 0.2 + redraft)
+@pytest.mark.parametrize("full", [0.0, 0.4, 0.9])
+def test_one_chain_in_flight_pays_the_window_plus_the_misses(full: float) -> None:
+    gap = verdict_gap(full, window_s=0.3, tree_s=0.06, redraft_s=0.08, miss_share=0.5)
+    assert gap == pytest.approx(0.3 + (1 - full) * 0.5 * 0.08)
 
 
-def test_a_chain_sent_ahead_hides_the_window_only_after_full_acceptances() -> None:
-    alpha, gamma, w, tree = 0.8, 4, 0.3, 4 * 0.02
-    full = alpha**gamma
-    redraft = (1 - full) * 0.5 * gamma * 0.02
-    expected = (1 - full) * w + redraft + (full * tree + full**2 * w) / (1 + full)
-    ahead = chain_seconds(gamma, alpha=alpha, send_ahead=True, **LINK)
-    assert ahead == pytest.approx(expected)
-    assert ahead < chain_seconds(gamma, alpha=alpha, send_ahead=False, **LINK)
-    # a tree that does not fit in the window leaves nothing to send early
-    slow = {**LINK, "tree_pass_s": 0.1}
-    assert chain_seconds(gamma, alpha=alpha, send_ahead=True, **slow) == pytest.approx(
-        chain_seconds(gamma, alpha=alpha, send_ahead=False, **slow)
-    )
+def test_a_tree_longer_than_the_window_binds_except_after_a_miss() -> None:
+    """τ > W: the next chain waits for the tree, but a miss cancels it at the verdict."""
+    gap = verdict_gap(0.9, window_s=0.3, tree_s=0.5, redraft_s=0.08, miss_share=0.5)
+    assert gap == pytest.approx(0.9 * 0.5 + 0.1 * (0.5 * 0.5 + 0.5 * (0.3 + 0.08)))
+
+
+def test_chains_in_flight_share_the_window() -> None:
+    """D = 2, nothing but the window: chains leave in pairs, chain k's verdict at ⌈k/2⌉·W, so a
+    run ending at chain K (P = a^(K−1)(1 − a)) lasts E[⌈K/2⌉]·W; a = 1/2 gives 4/3 per run of
+    E[K] = 2 verdicts, 2/3 of W per verdict."""
+    gap = verdict_gap(0.5, window_s=1.0, tree_s=0.0, redraft_s=0.0, miss_share=0.0,
+                      chains_in_flight=2)  # fmt: skip
+    assert gap == pytest.approx(2 / 3)
+
+
+def test_more_chains_in_flight_help_until_the_tree_or_the_cloud_binds() -> None:
+    timing = dict(window_s=0.3, redraft_s=0.0, miss_share=0.0)
+    gaps = [verdict_gap(0.8, tree_s=0.05, chains_in_flight=d, **timing) for d in (1, 2, 4, 8, 16)]
+    assert gaps == sorted(gaps, reverse=True) and gaps[0] > 2 * gaps[2]
+    assert gaps[-1] == pytest.approx(gaps[-2], rel=0.01)  # τ binds: a chain per 50 ms at best
+    assert gaps[-1] >= 0.2 * 0.05 + 0.8 * 0.05 - 1e-9
+    cloud_bound = verdict_gap(0.8, tree_s=0.0, verify_s=0.1, chains_in_flight=16, **timing)
+    assert cloud_bound >= 0.1 - 1e-9
 
 
 # ----------------------------------------------------------------------------- the choice
 
 
-@pytest.mark.parametrize("send_ahead", [False, True])
+@pytest.mark.parametrize("chains", [1, 2, 3])
 @pytest.mark.parametrize("alpha", [0.3, 0.6, 0.9])
 @pytest.mark.parametrize("window_s", [0.02, 0.3])
 def test_best_gamma_is_the_argmax_of_the_modelled_rate(
-    send_ahead: bool, alpha: float, window_s: float
+    chains: int, alpha: float, window_s: float
 ) -> None:
-    rates = {g: _rate(g, alpha, send_ahead, window_s=window_s) for g in range(1, 9)}
-    best = max(rates, key=rates.__getitem__)
+    fits = [g for g in range(1, 9) if g * LINK["tree_pass_s"] <= window_s] or range(1, 9)
+    rates = {g: _rate(g, alpha, chains, window_s=window_s) for g in range(1, 9)}
+    best = max(fits, key=rates.__getitem__)
     for current in range(1, 9):
-        chosen = best_gamma(current, 8, alpha=alpha, send_ahead=send_ahead,
+        chosen = best_gamma(current, 8, alpha=alpha, chains_in_flight=chains,
                             **{**LINK, "window_s": window_s})  # fmt: skip
         if rates[best] > (1 + SWITCH_GAIN) * rates[current]:
             assert chosen == best
@@ -90,15 +99,22 @@ def test_best_gamma_is_the_argmax_of_the_modelled_rate(
 def test_best_gamma_follows_the_link_and_the_acceptance() -> None:
     """A long window and a good draft want long chains; a short window with a costly tree and a
     poor draft wants short ones."""
-    long = best_gamma(4, 8, alpha=0.9, send_ahead=False, **{**LINK, "window_s": 0.5})
-    short = best_gamma(
-        4, 8, alpha=0.3, send_ahead=False, **{**LINK, "window_s": 0.03, "tree_pass_s": 0.03}
-    )
+    long = best_gamma(4, 8, alpha=0.9, **{**LINK, "window_s": 0.5})
+    short = best_gamma(4, 8, alpha=0.3, **{**LINK, "window_s": 0.03, "tree_pass_s": 0.03})
     assert long >= 7 and short <= 2
 
 
+def test_best_gamma_keeps_the_tree_within_the_window() -> None:
+    """A longer chain whose tree would overrun the window is not chosen, though the model (at the
+    budget measured) would rate it higher: the planner would shrink the tree and lose the hits."""
+    timing = {**LINK, "window_s": 0.1, "tree_pass_s": 0.03, "miss_share": 0.0}
+    rates = {g: _rate(g, 0.95, 1, **timing) for g in range(1, 9)}
+    assert max(rates, key=rates.__getitem__) > 3
+    assert best_gamma(1, 8, alpha=0.95, **timing) == 3
+
+
 def test_the_controller_keeps_its_start_until_it_has_measured() -> None:
-    ctl = ChainController(start=4, gamma_max=8, send_ahead=False)
+    ctl = ChainController(start=4, gamma_max=8)
     ctl.observe_tree_pass(0.01)
     ctl.observe_draft(0.01)
     for _ in range(WARMUP_CHAINS - 1):
@@ -110,7 +126,7 @@ def test_the_controller_keeps_its_start_until_it_has_measured() -> None:
 
 
 def test_the_controller_counts_acceptance_as_the_planner_does() -> None:
-    ctl = ChainController(start=2, gamma_max=4, send_ahead=True)
+    ctl = ChainController(start=2, gamma_max=4, chains_in_flight=2)
     ctl.observe_verdict(2, 4, None)  # 2 accepted + the rejected one tested
     ctl.observe_verdict(3, 3, None)  # all accepted: nothing rejected
     assert ctl.alpha == pytest.approx(5 / 6)
@@ -120,7 +136,7 @@ def test_the_controller_counts_acceptance_as_the_planner_does() -> None:
 @pytest.mark.parametrize(("start", "gamma_max"), [(0, 4), (5, 4)])
 def test_the_controller_refuses_a_start_outside_its_range(start: int, gamma_max: int) -> None:
     with pytest.raises(ValueError, match="start"):
-        ChainController(start=start, gamma_max=gamma_max, send_ahead=False)
+        ChainController(start=start, gamma_max=gamma_max)
 
 
 # ----------------------------------------------------------------------------- the setting

@@ -236,6 +236,31 @@ def test_keep_a_branch_with_its_subtree_then_grow_it(lms: dict, family: str) -> 
     assert max_diff(lm.extend(tail), fresh(lm, chain + tail)[len(chain) :]) <= TOL
 
 
+@pytest.mark.parametrize("family", FAMILIES)
+def test_keep_a_branch_with_the_trees_hanging_along_it(lms: dict, family: str) -> None:
+    """A chain sent before its verdict has its own tree hanging from every node of the branch it
+    continues: keeping the branch keeps them all, each child of the branch's k-th node now a root
+    at that node's place in the cache; every logit still equals a fresh forward."""
+    lm, rng = lms[family], np.random.default_rng(31)
+    context, tokens = random_ids(rng, lm, 6), random_ids(rng, lm, 8)
+    parents = [-1, 0, 1, 0, 1, 2, 3, -2]  # path 0 → 1 → 2; 3 and 6 below 0, 4 below 1, 5 below 2
+    lm.prefill(context)
+    lm.tree_forward(tokens, parents)
+    lm.keep_tree_path([0, 1, 2], keep_descendants=True)
+    kept = context + tokens[:3]
+    assert lm.length == len(kept) and lm.pending_tree_size == 4  # old 3, 4, 5, 6; not 7
+    below = {0: [*kept[:-2], tokens[3]], 1: [*kept[:-1], tokens[4]], 2: [*kept, tokens[5]],
+             3: [*kept[:-2], tokens[3], tokens[6]]}  # fmt: skip
+    more = random_ids(rng, lm, 4)
+    grown = lm.tree_forward(more, [0, 1, 2, 3])
+    for row, (node, branch) in zip(grown, below.items(), strict=True):
+        assert max_diff(row, fresh(lm, [*branch, more[node]])[-1]) <= TOL, node
+    lm.keep_tree_path([1, 5])  # old 4, then more[1]
+    chain = [*kept[:-1], tokens[4], more[1]]
+    tail = random_ids(rng, lm, 2)
+    assert max_diff(lm.extend(tail), fresh(lm, chain + tail)[len(chain) :]) <= TOL
+
+
 def test_synthetic_keeps_a_subtree_like_the_real_backend() -> None:
     from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
 

@@ -17,6 +17,7 @@ from wanspec.jobs import ComputeCost
 from wanspec.models.jobs import session_executor
 from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
 from wanspec.models.tiny import build_tokenizer
+from wanspec.protocols.control import verdict_gap
 from wanspec.protocols.registry import make_cloud, make_edge, target_info
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sim import Link, load_profile, simulate
@@ -70,26 +71,31 @@ def test_a_verdict_arriving_mid_tree_does_not_shift_the_draft_streams(
 
 
 @pytest.mark.parametrize(
-    ("rtt_s", "temperature", "gamma"), [(0.02, 1.0, 4), (0.15, 1.2, 3), (0.3, 0.7, 2)]
+    ("rtt_s", "temperature", "gamma", "chains"),
+    [(0.02, 1.0, 4, 2), (0.15, 1.2, 3, 2), (0.3, 0.7, 2, 2), (0.15, 0.7, 2, 3), (0.3, 0.5, 1, 5)],
 )
 def test_deepspec_gives_acespecs_tokens_with_chains_sent_ahead(
-    shared_world: World, rtt_s: float, temperature: float, gamma: int
+    shared_world: World, rtt_s: float, temperature: float, gamma: int, chains: int
 ) -> None:
     """A chain sent before the verdict is the chain AceSpec sends after it, so a seed gives the
     same tokens; edge and cloud agree on which chains went stale, and some chains sent ahead were
-    verified (a chain accepted whole was followed by the one already sent)."""
+    verified (a chain accepted whole was followed by the one already sent, its tree kept)."""
     link = Link(bandwidth_bps=1e7, rtt_s=rtt_s)
-    sent = stale = 0
+    sent = stale = most = 0
     for seed in range(3):
         settings = dict(seed=seed, max_new_tokens=40, temperature=temperature, gamma=gamma)
         ace, _, _ = shared_world.run("acespec", link=link, **settings)
-        deep, edge, cloud = shared_world.run("deepspec", link=link, **settings)
+        deep, edge, cloud = shared_world.run(
+            "deepspec", link=link, chains_in_flight=chains, **settings
+        )
         assert deep.tokens == ace.tokens
         sent += edge.counters["chains_sent_ahead"]
+        most = max(most, edge.most_in_flight)
         stale += edge.counters.get("stale_chains_ahead", 0)
         assert cloud.counters.get("stale_drafts", 0) == edge.counters.get("stale_chains_ahead", 0)
         assert len(edge.accepted_per_round) == cloud.counters["rounds"]
     assert 0 < stale < sent  # both outcomes of a chain sent ahead occurred
+    assert most == chains  # as many chains as allowed were in flight at once
 
 
 def test_deepspec_sends_nothing_ahead_past_the_tokens_asked_for(shared_world: World) -> None:
@@ -136,13 +142,15 @@ def test_every_pipeline_message_is_small_and_has_no_bonus(shared_world: World) -
 EDGE_MS, TREE_MS, CLOUD_MS, RTT = 20.0, 20.0, 35.0, 0.1
 
 
-def _iid_run(method: str, alpha: float, gamma: int, seed: int, **settings):
+def _iid_run(
+    method: str, alpha: float, gamma: int, seed: int, tree_ms: float = TREE_MS, **settings
+):
     """The synthetic i.i.d. pair: each draft is accepted independently with probability α."""
     alignment = VocabAlignment.identity(build_tokenizer("bytelevel", 300))
     spec = SyntheticSpec(alpha, vocab_size=alignment.target_width, seed=seed)
     draft, target = SyntheticLM(spec, "draft"), SyntheticLM(spec, "target")
     edge_profile = load_profile({"name": "edge", "forward_ms": {"1": EDGE_MS, "64": EDGE_MS},
-                                 "tree_ms": {"1": TREE_MS, "64": TREE_MS}})  # fmt: skip
+                                 "tree_ms": {"1": tree_ms, "64": tree_ms}})  # fmt: skip
     cloud_profile = load_profile({"name": "cloud", "forward_ms": {"1": CLOUD_MS, "64": CLOUD_MS}})
     gen = GenerationSettings(gamma=gamma, max_new_tokens=300, seed=seed, **settings)
     edge = make_edge(
@@ -197,6 +205,39 @@ def test_cycle_time_is_ideal_plus_the_miss_penalty(method: str, alpha: float, ga
     t_ideal = max(gamma * TREE_MS, RTT * 1e3 + CLOUD_MS) / 1e3
     expected = t_ideal + (1 - p_hit) * gamma * EDGE_MS / 1e3
     assert np.mean(cycles) == pytest.approx(expected, rel=0.03)
+
+
+@pytest.mark.parametrize(
+    ("chains", "alpha", "gamma", "tree_ms"),
+    [(2, 0.6, 3, TREE_MS), (2, 0.8, 3, 10.0), (3, 0.9, 2, TREE_MS), (4, 0.9, 2, 10.0)],
+)
+def test_deepspec_cycle_time_follows_the_chains_in_flight_analysis(
+    chains: int, alpha: float, gamma: int, tree_ms: float
+) -> None:
+    """D chains in flight (`control.verdict_gap`): after a rejection the next chain leaves at
+    the verdict (plus γ·T_draft on a miss); in a run of full acceptances chain k leaves once the
+    tree of chain k − 1 is drafted and chain k − D has its verdict, which comes W = RTT +
+    T_verify after it left or T_verify after the verdict before. Measured as the gaps between
+    verdicts at the edge, with the measured share of full acceptances and misses; one chain in
+    flight (AceSpec's max(τ, W) + misses) is 9–80% too slow at these points."""
+    gaps, full, misses, verdicts = [], 0, 0, 0
+    for seed in range(3):
+        sim, edge, _ = _iid_run("deepspec", alpha, gamma, seed, tree_ms=tree_ms, tree_budget=8,
+                                chains_in_flight=chains)  # fmt: skip
+        arrivals = [r.t for r in sim.trace if r.side == "edge" and r.what == "recv"
+                    and r.info["type"] == "VerifyResult"]  # fmt: skip
+        gaps += list(np.diff(arrivals)[1:-1])
+        full += edge.accepted_per_round.count(gamma)
+        misses += edge.counters.get("cache_misses", 0)
+        verdicts += len(edge.accepted_per_round)
+    a = full / verdicts
+    assert a == pytest.approx(alpha**gamma, abs=4 * math.sqrt(a * (1 - a) / verdicts))
+    timing = dict(window_s=RTT + CLOUD_MS / 1e3, tree_s=gamma * tree_ms / 1e3,
+                  redraft_s=gamma * EDGE_MS / 1e3,
+                  miss_share=misses / (verdicts - full))  # fmt: skip
+    expected = verdict_gap(a, chains_in_flight=chains, verify_s=CLOUD_MS / 1e3, **timing)
+    assert np.mean(gaps) == pytest.approx(expected, rel=0.03)
+    assert verdict_gap(a, **timing) > 1.05 * expected  # one chain in flight would be slower
 
 
 def test_the_budget_follows_the_round_trip_and_stays_under_b_max() -> None:

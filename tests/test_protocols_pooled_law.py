@@ -52,6 +52,10 @@ O_TOKEN = 286  # 'ĠĠ' in the target's vocabulary
 HETERO_Q = {A: 3 / 6, B: 2 / 6, O_TOKEN: 1 / 6}
 ALL_TREE = ("redraft", "alternative")  # tree settings with both misses and alternatives' hits
 AHEAD = (*ALL_TREE, "ahead verified", "ahead stale")  # and chains sent before their verdicts
+# The draft proposing from a reshaped p̃ (its top token's mass × 0.3), which it reports: in the
+# shared world p̃ = 0.197 / 0.146 / 0.219 on a, b, c and 0.219 on d, e, so c's acceptance odds
+# are q/p̃ < 1 where the plain p̃ had them > 1, and the residual (0.303, 0.187, 0) is not ∝ q.
+RESHAPE = {"draft_reshape": 0.3, "draft_reshape_top": 1}
 
 
 def _shared_world() -> World:
@@ -146,12 +150,16 @@ SETTINGS = [
         ALL_TREE,
     ),
     ("shared", "acespec", 60, {"gamma": 2, "tree_budget": 2}, ALL_TREE),
+    ("shared", "acespec", 60, {"gamma": 2, "tree_budget": 2, **RESHAPE}, ALL_TREE),
+    ("shared", "sd", 50, {"gamma": 2, **RESHAPE}, ()),
     ("shared", "deepspec", 80, {"gamma": 1, "tree_budget": 2, "tree_fixed": True}, AHEAD),
     ("shared", "deepspec", 60, {"gamma": 2, "tree_budget": 4}, AHEAD),
+    ("shared", "deepspec", 60, {"gamma": 1, "tree_budget": 3, "chains_in_flight": 4}, AHEAD),
     ("hetero", "naive", 50, {"gamma": 2}, ()),
     ("hetero", "ul", 50, {"gamma": 2}, ()),
     ("hetero", "xcosd", 50, {"gamma": 2}, ()),
     ("hetero", "xcosd", 50, {"gamma": 3, "hr_piggyback": False}, ("o_request",)),
+    ("hetero", "xcosd", 50, {"gamma": 2, **RESHAPE}, ()),
     ("hetero", "xcosd-e", 50, {"gamma": 2, "srdv_k": 1, "srdv_m": 1}, ("fallback",)),
     ("hetero", "xcosd-e", 50, {"gamma": 3, "srdv_k": 4, "srdv_m": 2}, ("fallback",)),
     ("hetero", "acespec-x", 80, {"gamma": 1, "tree_budget": 2, "tree_fixed": True}, ALL_TREE),

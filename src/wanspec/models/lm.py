@@ -158,10 +158,11 @@ class LanguageModel(ABC):
     def keep_tree_path(self, nodes: Sequence[int], keep_descendants: bool = False) -> None:
         """Keep the chain `nodes` (root first) behind the prefix it hangs from; drop the rest.
 
-        With `keep_descendants`, the pending subtree below the chain's last node stays pending,
-        re-rooted: its nodes are renumbered 0.. in their old order and the former children of
-        the last node hang at the end of the cache, so drafting can go on from a cached branch
-        without recomputing the sub-branches already drafted below it."""
+        With `keep_descendants`, every pending node below a node of the chain stays pending,
+        re-rooted: such nodes are renumbered 0.. in their old order, and a former child of the
+        chain's k-th node now hangs from that node's place in the cache. Drafting thus goes on
+        from a cached branch without recomputing what was already drafted below it (the trees
+        of chains sent before their verdict hang along the branch, not only at its end)."""
 
     @staticmethod
     def _check_rows(rows: int | None, n: int) -> int:
@@ -224,21 +225,25 @@ class _PendingTree:
         return len(self.tokens)
 
 
-def _descendants(ancestors: np.ndarray, node: int) -> list[int]:
-    """Pending nodes strictly below `node`, in their numbering order."""
-    return [int(n) for n in np.flatnonzero(ancestors[:, node]) if n != node]
+def _descendants(ancestors: np.ndarray, path: Sequence[int]) -> list[int]:
+    """Pending nodes below some node of `path` and not on it, in their numbering order."""
+    on_path = set(path)
+    below = np.flatnonzero(ancestors[:, list(path)].any(axis=1))
+    return [int(n) for n in below if n not in on_path]
 
 
-def _rerooted(tree: _PendingTree, kept: list[int], old_root: int, attach: int) -> _PendingTree:
-    """The pending tree of the `kept` nodes (all below `old_root`) once `old_root` and its
-    chain are in the cache: renumbered in order, children of `old_root` now roots at `attach`."""
+def _rerooted(tree: _PendingTree, kept: list[int], path: Sequence[int], first: int) -> _PendingTree:
+    """The pending tree of the `kept` nodes (all below `path`) once the path is in the cache
+    from position `first` on: renumbered in order, a child of the path's k-th node now a root
+    attached at `first + k`."""
     new = {old: k for k, old in enumerate(kept)}
+    at = {node: first + k for k, node in enumerate(path)}
     out = _PendingTree(ancestors=tree.ancestors[np.ix_(kept, kept)].copy())
     for old in kept:
         parent = tree.parents[old]
         out.tokens.append(tree.tokens[old])
-        out.parents.append(-1 if parent == old_root else new[parent])
-        out.attach.append(attach)
+        out.parents.append(-1 if parent in at else new[parent])
+        out.attach.append(at[parent] if parent in at else out.attach[new[parent]])
         out.positions.append(tree.positions[old])
     return out
 
@@ -425,14 +430,14 @@ class HFLanguageModel(LanguageModel):
             return
         self._check_chain(nodes)
         keep_prefix = tree.attach[nodes[0]] + 1
-        below = _descendants(tree.ancestors, nodes[-1]) if keep_descendants else []
+        below = _descendants(tree.ancestors, nodes) if keep_descendants else []
         slots = [*range(keep_prefix), *(self._length + n for n in [*nodes, *below])]
         index = torch.tensor(slots, device=self.device)
         for layer in self._layers():
             layer.keys = layer.keys.index_select(-2, index)
             layer.values = layer.values.index_select(-2, index)
         self._length = keep_prefix + len(nodes)
-        self._tree = _rerooted(tree, below, nodes[-1], self._length - 1)
+        self._tree = _rerooted(tree, below, nodes, keep_prefix)
 
     # -- several sessions in one pass --------------------------------------------------------
 

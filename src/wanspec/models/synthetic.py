@@ -196,16 +196,25 @@ class SyntheticLM(LanguageModel):
             self._tree = _Tree()
             return
         self._check_chain(nodes)
-        old, last = self._tree, nodes[-1]
-        below = [n for n in range(len(old.tokens)) if n != last and last in self._chain_of(n)]
-        self._ids[:] = self._node_context(last)
+        old, path = self._tree, {node: k for k, node in enumerate(nodes)}
+        below = []
+        if keep_descendants:
+            below = [
+                n
+                for n in range(len(old.tokens))
+                if n not in path and path.keys() & set(self._chain_of(n))
+            ]
+        self._ids[:] = self._node_context(nodes[-1])
+        first = len(self._ids) - len(nodes)  # where the path's first node now stands
         renumber = {n: k for k, n in enumerate(below)}
         self._tree = _Tree()
         for n in below:
             parent = old.parents[n]
+            on_path = parent in path
             self._tree.tokens.append(old.tokens[n])
-            self._tree.parents.append(-1 if parent == last else renumber[parent])
-            self._tree.attach.append(len(self._ids) - 1)
+            self._tree.parents.append(-1 if on_path else renumber[parent])
+            attach = first + path[parent] if on_path else self._tree.attach[renumber[parent]]
+            self._tree.attach.append(attach)
 
     def _chain_of(self, node: int) -> list[int]:
         """The node and its pending ancestors."""

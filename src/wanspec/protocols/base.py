@@ -217,6 +217,13 @@ class Machine:
         self._jobs.clear()
         return actions
 
+    def cancel(self, purpose: Purpose) -> list[Action]:
+        """Cancel the outstanding computations asked for `purpose` (and only those)."""
+        ids = [job_id for job_id, asked in self._jobs.items() if asked == purpose]
+        for job_id in ids:
+            del self._jobs[job_id]
+        return [Cancel(job_id) for job_id in ids]
+
     def finish(self, reason: str) -> list[Action]:
         self.state = type(self.state).DONE
         return [*self.cancel_all(), Finish(reason)]

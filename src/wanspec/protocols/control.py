@@ -5,12 +5,13 @@ online state a pipeline edge feeds once per chain. The model is the pipelines' c
 analysis (docs/METHODS.md), checked against the simulator on the i.i.d. synthetic pair:
 
 - tokens per chain (no bonus token in a pipeline): E[L](γ) = (1 − α^γ)/(1 − α);
-- one chain in flight (`acespec`): E[T](γ) = max(γ·T_tree, W) + P_miss(γ)·γ·T_draft, with
-  W = RTT + T_verify the send-to-verdict window and P_miss(γ) = (1 − α^γ)·m, m the share of
-  rejections the tree did not cache;
-- a chain sent ahead (`deepspec`), when the tree fits in the window: a = α^γ chains are accepted
-  whole, and a chain sent ahead after a full acceptance waits τ or τ + W − τ alternately, so
-  E[T](γ) = (1 − a)·W + P_miss(γ)·γ·T_draft + a/(1 + a)·τ + a²/(1 + a)·W, τ = γ·T_tree.
+- time per verdict, with D chains in flight (1: `acespec`; `deepspec`: `chains_in_flight`):
+  a chain is accepted whole with a = α^γ. After a rejection the next chain leaves at the
+  verdict (after a redraft of γ·T_draft on a miss); in a run of full acceptances chain k leaves
+  once the tree of chain k − 1 is drafted (τ = γ·T_tree after it left) and chain k − D has its
+  verdict, and its verdict comes W = RTT + T_verify after it left, or T_verify after the one
+  before. `verdict_gap` sums that recursion over the geometric length of the run. For D = 1 it
+  is AceSpec's max(τ, W) + P_miss·γ·T_draft.
 
 The chosen γ changes only the time, never the tokens: a pipeline's draws are keyed by output
 position (SPEC's Randomness clause), so a seed gives the same tokens at every γ.
@@ -26,6 +27,8 @@ from wanspec.protocols.budget import ALPHA_MAX, ALPHA_MIN, PRIOR_ALPHA, Ewma
 # A run starts at the default γ and keeps it until the edge has seen this many verdicts: the
 # window and α of one chain are too noisy to act on.
 WARMUP_CHAINS = 2
+# A run of full acceptances longer than this adds nothing measurable to the expectation.
+RUN_LIMIT = 4096
 # γ changes only when the model predicts at least this much more throughput than the current γ
 # (hysteresis: estimates wander, and each change costs a tree drafted for the old γ).
 SWITCH_GAIN = 0.04
@@ -37,6 +40,38 @@ def tokens_per_chain(alpha: float, gamma: int) -> float:
     return (1 - alpha**gamma) / (1 - alpha)
 
 
+def verdict_gap(
+    full: float,
+    *,
+    window_s: float,
+    tree_s: float,
+    redraft_s: float,
+    miss_share: float,
+    chains_in_flight: int = 1,
+    verify_s: float = 0.0,
+) -> float:
+    """E[T] between two verdicts (see the module doc): `full` = P(a chain is accepted whole),
+    `tree_s` = τ, `redraft_s` = γ·T_draft, `miss_share` = misses per rejection."""
+    if not 0 <= full < 1:
+        raise ValueError(f"P(full acceptance) must be in [0, 1), got {full}")
+    sends: list[float] = []
+    verdicts: list[float] = []
+    expected, weight = 0.0, 1.0 - full  # P(the run ends at chain k) = a^k (1 − a)
+    while weight > 1e-12 * (1.0 - full) and len(verdicts) < RUN_LIMIT:
+        k = len(sends)
+        leave = 0.0 if k == 0 else sends[-1] + tree_s
+        if k >= chains_in_flight:
+            leave = max(leave, verdicts[k - chains_in_flight])
+        sends.append(leave)
+        verdict = max(leave + window_s, verdicts[-1] + verify_s if verdicts else 0.0)
+        verdicts.append(verdict)
+        # the run ends at this chain's rejection: a hit leaves once its tree is drafted
+        hit, miss = max(verdict, leave + tree_s), verdict + redraft_s
+        expected += weight * ((1.0 - miss_share) * hit + miss_share * miss)
+        weight *= full
+    return (1.0 - full) * expected  # per verdict: a run holds E[K] = 1/(1 − a) of them
+
+
 def chain_seconds(
     gamma: int,
     *,
@@ -45,16 +80,18 @@ def chain_seconds(
     tree_pass_s: float,
     draft_s: float,
     miss_share: float,
-    send_ahead: bool,
+    chains_in_flight: int = 1,
 ) -> float:
-    """E[T]: the expected time between two verdicts at draft length γ (see the module doc)."""
+    """E[T] between two verdicts at draft length γ, from per-token estimates."""
     alpha = min(max(alpha, ALPHA_MIN), ALPHA_MAX)
-    full = alpha**gamma
-    tree = gamma * tree_pass_s
-    redraft = (1 - full) * miss_share * gamma * draft_s
-    if not send_ahead or tree >= window_s:
-        return max(tree, window_s) + redraft
-    return (1 - full) * window_s + redraft + (full * tree + full**2 * window_s) / (1 + full)
+    return verdict_gap(
+        alpha**gamma,
+        window_s=window_s,
+        tree_s=gamma * tree_pass_s,
+        redraft_s=gamma * draft_s,
+        miss_share=miss_share,
+        chains_in_flight=chains_in_flight,
+    )
 
 
 def best_gamma(
@@ -66,11 +103,11 @@ def best_gamma(
     tree_pass_s: float,
     draft_s: float,
     miss_share: float,
-    send_ahead: bool,
+    chains_in_flight: int = 1,
     switch_gain: float = SWITCH_GAIN,
 ) -> int:
-    """The γ in 1..gamma_max with the most tokens per second, or `current` unless that beats it
-    by more than `switch_gain`."""
+    """The γ in 1..gamma_max whose tree fits in the window with the most tokens per second, or
+    `current` unless that beats it by more than `switch_gain`."""
 
     def rate(gamma: int) -> float:
         seconds = chain_seconds(
@@ -80,11 +117,14 @@ def best_gamma(
             tree_pass_s=tree_pass_s,
             draft_s=draft_s,
             miss_share=miss_share,
-            send_ahead=send_ahead,
+            chains_in_flight=chains_in_flight,
         )
         return tokens_per_chain(alpha, gamma) / seconds if seconds > 0 else math.inf
 
-    best = max(range(1, gamma_max + 1), key=lambda g: (rate(g), -g))
+    # A tree that no longer fits in the window makes the planner shrink the budget, and the hits
+    # measured at the old budget would not hold: only γ whose tree fits are candidates.
+    fitting = [g for g in range(1, gamma_max + 1) if g * tree_pass_s <= window_s]
+    best = max(fitting or range(1, gamma_max + 1), key=lambda g: (rate(g), -g))
     return best if rate(best) > (1 + switch_gain) * rate(current) else current
 
 
@@ -99,7 +139,7 @@ class ChainController:
 
     start: int
     gamma_max: int
-    send_ahead: bool
+    chains_in_flight: int = 1
     gamma: int = field(init=False)
     verdicts: int = field(init=False, default=0)
     accepted: int = field(init=False, default=0)
@@ -150,7 +190,7 @@ class ChainController:
                 tree_pass_s=tree,
                 draft_s=draft,
                 miss_share=(self.misses + 1) / (self.rejections + 2),
-                send_ahead=self.send_ahead,
+                chains_in_flight=self.chains_in_flight,
             )
         self.history.append(self.gamma)
         return self.gamma

@@ -93,20 +93,46 @@ class Branch:
 
 @dataclass
 class Speculation:
-    """The work drafted ahead while one chain is in flight."""
+    """The tree drafted for one chain in flight.
+
+    Its nodes are numbered in the draft model's pending tree from `offset` on: the trees of the
+    chains in flight lie there one after the other, oldest first, each hanging from the branch
+    of the one before that its chain continues."""
 
     branches: list[Branch]
-    base: int  # tokens committed when the chain was sent: output positions count from here
+    base: int  # output position of the chain's first token: the branches' positions count from it
     depth: int  # the chain's length: the continuation branch hangs off its last token
+    anchors: list[int]  # per chain position: where the token before it sits (cache offset or node)
+    offset: int = 0
     passes_done: int = 0
     passes_planned: int = 0
     nodes: int = 0
+
+    @property
+    def drafted(self) -> bool:
+        return self.passes_done >= self.passes_planned
 
     def find(self, depth: int, root: int | None) -> Branch | None:
         for branch in self.branches:
             if branch.depth == depth and (root is None or branch.root == root):
                 return branch
         return None
+
+    def shift(self, n: int) -> None:
+        """Renumber after `n` nodes before this tree left the pending tree (a kept branch)."""
+        self.offset -= n
+        for branch in self.branches:
+            branch.nodes = [node - n for node in branch.nodes]
+
+
+@dataclass
+class InFlight:
+    """A chain sent before the verdict on the chain before it, with the tree drafted for it."""
+
+    round: Round
+    spec: Speculation
+    alternatives: list[list[int]]  # per chain depth: what its tree branched on, best first
+    sent_at: float | None
 
 
 def _chain_of(branch: Branch, rnd: Round) -> Round:
@@ -137,11 +163,12 @@ class PipelineEdge(SpecEdge):
         self.planner = planner
         self.send_ahead = send_ahead
         self.controller = controller
+        self.chains_in_flight = self.settings.chains_in_flight if send_ahead else 1
         self.next_length = self.settings.gamma if controller is None else controller.start
         self.issued_at: dict[str, float | None] = {}  # when the last job of a kind went out
-        self.ahead: Round | None = None  # the continuation sent before the verdict (deepspec)
-        self.ahead_sent_at: float | None = None
-        self.spec: Speculation | None = None
+        self.ahead: list[InFlight] = []  # chains sent before the verdict, oldest first (deepspec)
+        self.spec: Speculation | None = None  # the tree of the chain awaiting its verdict
+        self.most_in_flight = 1
         self.pending_key: tuple[int, int | None] | None = None  # what STALLED goes on with
         self.sent_at: float | None = None
         self.now: float | None = None
@@ -209,33 +236,49 @@ class PipelineEdge(SpecEdge):
 
     # ---- drafting ahead while the chain is in flight
     def _speculate(self) -> list[Action]:
-        """Plan the tree for the chain just sent: its alternatives branch off the chain's
-        depths, and every branch is drafted as long as the next chain will be."""
-        rnd, depth = self.round, len(self.round.tokens)
+        """The tree for the chain just sent from the committed context: it hangs from the
+        cache, its chain's tokens being the last ones there."""
+        depth = len(self.round.tokens)
+        anchors = [-(depth - k) for k in range(depth)]
+        self.spec = self._plan_tree(self.round, self.alternatives, anchors, self.generated, 0)
+        return [self._tree_pass(self.spec)]
+
+    def _plan_tree(
+        self,
+        rnd: Round,
+        alternatives: list[list[int]],
+        anchors: list[int],
+        base: int,
+        offset: int,
+    ) -> Speculation:
+        """Plan a chain's tree: its alternatives branch off the chain's depths, and every branch
+        is drafted as long as the next chain will be."""
+        depth = len(rnd.tokens)
         passes = self._choose_length()
         fanout = self.planner.plan(depth, passes) if self.planner is not None else [0] * depth
         branches = [Branch.continuation(depth, rnd.tokens[-1])]
         for k, width in enumerate(fanout):
-            branches += [Branch.alternative(k, a) for a in self.alternatives[k][:width]]
-        self.spec = Speculation(branches, self.generated, depth, passes_planned=passes)
+            branches += [Branch.alternative(k, a) for a in alternatives[k][:width]]
         self.count("tree_rounds")
         self.count("tree_branches", len(branches) - 1)
         self.rounds_log.append({"round": rnd.index, "fanout": list(fanout)})
-        return [self._tree_pass()]
+        return Speculation(branches, base, depth, anchors, offset, passes_planned=passes)
 
-    def _tree_pass(self) -> Any:
-        spec = self.spec
-        assert spec is not None
-        depth = spec.depth
+    @property
+    def _drafting(self) -> Speculation | None:
+        """The tree being drafted (or last drafted): the newest chain's."""
+        return self.ahead[-1].spec if self.ahead else self.spec
+
+    def _tree_pass(self, spec: Speculation) -> Any:
         tokens, parents = [], []
         for branch in spec.branches:
             if spec.passes_done == 0:
                 tokens.append(int(self.alignment.target_to_draft[branch.root]))
-                parents.append(-(depth - branch.depth) if branch.depth < depth else -1)
+                parents.append(spec.anchors[min(branch.depth, spec.depth - 1)])
             else:
                 tokens.append(branch.draft_ids[-1])
                 parents.append(branch.nodes[-1])
-            branch.nodes.append(spec.nodes + len(tokens) - 1)
+            branch.nodes.append(spec.offset + spec.nodes + len(tokens) - 1)
         spec.nodes += len(tokens)
         self.count("tree_nodes", len(tokens))
         context = self.cache.tokens
@@ -260,17 +303,18 @@ class PipelineEdge(SpecEdge):
             self.controller.observe_tree_pass(seconds)
 
     def _tree_done(self, rows: LogitRows) -> list[Action]:
-        """One tree pass is back: extend every branch, then draft on, or end a stall."""
-        spec = self.spec
+        """One tree pass is back: extend every branch, then draft on, send the next chain ahead,
+        or end a stall."""
+        spec = self._drafting
         assert spec is not None
         drafted = self._draft_rows(rows, ranks=self._rank_limit)
         for branch, row in zip(spec.branches, drafted, strict=True):
             self._extend_branch(spec, branch, row)
         spec.passes_done += 1
-        if spec.passes_done < spec.passes_planned:
-            return [self._tree_pass()]
-        if self.state == EdgeState.WAITING and self.send_ahead:
-            return self._send_continuation(spec)
+        if not spec.drafted:
+            return [self._tree_pass(spec)]
+        if self.state == EdgeState.WAITING:
+            return self._send_ahead()
         if self.state == EdgeState.STALLED:
             key, self.pending_key = self.pending_key, None
             assert key is not None
@@ -283,18 +327,33 @@ class PipelineEdge(SpecEdge):
         position = spec.base + branch.start + len(branch.tokens)
         self._append_keyed(branch, row, position)
 
-    def _send_continuation(self, spec: Speculation) -> list[Action]:
-        """Send the drafted continuation as the next chain before the verdict (`deepspec`): its
-        base is where the cloud's output stands if the chain in flight is accepted whole."""
-        branch = spec.find(spec.depth, None)
-        base = spec.base + spec.depth
-        if branch is None or base >= self.settings.max_new_tokens:
+    def _send_ahead(self) -> list[Action]:
+        """Send the newest tree's continuation as the next chain before the verdicts on the
+        chains in flight (`deepspec`, up to `chains_in_flight` of them), and draft its tree at
+        once, hanging from that continuation. Its base is where the cloud's output stands if
+        every chain before it is accepted whole."""
+        newest = self._drafting
+        if not self.send_ahead or newest is None or not newest.drafted:
             return []
-        ahead = _chain_of(branch, Round(self._rounds, base))
+        branch = newest.find(newest.depth, None)
+        base = newest.base + newest.depth
+        full = 1 + len(self.ahead) >= self.chains_in_flight
+        if full or branch is None or base >= self.settings.max_new_tokens:
+            return []
+        rnd = _chain_of(branch, Round(self._rounds, base))
         self._rounds += 1
-        self.ahead, self.ahead_sent_at = ahead, self.now
+        alternatives = self._ranked(branch)
+        offset = newest.offset + newest.nodes
+        spec = self._plan_tree(rnd, alternatives, list(branch.nodes), base, offset)
+        self.ahead.append(InFlight(rnd, spec, alternatives, self.now))
+        self.most_in_flight = max(self.most_in_flight, 1 + len(self.ahead))
         self.count("chains_sent_ahead")
-        return [Send(self.draft_message(ahead))]
+        return [Send(self.draft_message(rnd)), self._tree_pass(spec)]
+
+    def _ranked(self, branch: Branch) -> list[list[int]]:
+        """Per depth of a branch become a chain, the alternatives its tree may branch on."""
+        limit = self._rank_limit
+        return [row.ranked(limit, t) for row, t in zip(branch.dists, branch.tokens, strict=True)]
 
     # ---- the verdict
     def on_reply(self, msg: Any) -> list[Action]:
@@ -371,13 +430,16 @@ class PipelineEdge(SpecEdge):
     def _continue(self, key: tuple[int, int | None]) -> list[Action]:
         spec = self.spec
         branch = None if spec is None else spec.find(*key)
-        ahead, self.ahead = self.ahead, None
-        if ahead is not None:
-            if key[1] is None:  # accepted whole: the chain sent ahead is already with the cloud
+        if self.ahead:
+            if key[1] is None:  # accepted whole: the next chain is already with the cloud
                 assert branch is not None
-                return self._adopt(branch, ahead)
-            self.count("stale_chains_ahead")
-        if branch is not None and spec.passes_done < spec.passes_planned:
+                return self._adopt(branch)
+            self.count("stale_chains_ahead", len(self.ahead))  # the cloud drops them
+            self.ahead = []
+            stale = self.cancel(Purpose.TREE)  # their trees
+        else:
+            stale = []
+        if branch is not None and not spec.drafted:
             self.pending_key = key  # a hit whose branch is still being drafted: wait for it
             self.state = EdgeState.STALLED
             self.count("pipeline_stalls")
@@ -386,7 +448,7 @@ class PipelineEdge(SpecEdge):
         if self.controller is not None and key[1] is not None:
             self.controller.observe_outcome(hit)
         if hit:
-            return self._hit(branch)
+            return [*stale, *self._hit(branch)]
         self.count("cache_misses")
         self.count("redrafts")
         if spec is not None:
@@ -413,26 +475,35 @@ class PipelineEdge(SpecEdge):
         assert spec is not None
         self.count("cache_hits")
         self.count("wasted_tree_nodes", spec.nodes - len(branch.nodes))
+        self.alternatives = self._ranked(branch)
+        return self._keep_path(branch, below=False)
+
+    def _keep_path(self, branch: Branch, *, below: bool) -> Any:
+        """Keep a branch's cache path (and, `below`, the trees hanging along it)."""
         length = len(branch.tokens)
-        keep = self.compute(Purpose.KEEP, KeepTreePath(tuple(branch.nodes[:length])))
+        keep = self.compute(Purpose.KEEP, KeepTreePath(tuple(branch.nodes[:length]), below))
         self.cache.assume([*self.draft_ctx, *branch.draft_ids[: length - 1]])
         self.round_ctx = list(self.draft_ctx)
-        limit = self._rank_limit
-        self.alternatives = [
-            row.ranked(limit, token) for row, token in zip(branch.dists, branch.tokens, strict=True)
-        ]
         return keep
 
-    def _adopt(self, branch: Branch, ahead: Round) -> list[Action]:
+    def _adopt(self, branch: Branch) -> list[Action]:
         """The chain in flight was accepted whole, and its continuation went out ahead: that is
-        now the open round; keep its cache path and draft the tree for it while it is verified."""
+        the chain awaiting its verdict now. Keep the continuation's cache path with the trees
+        hanging along it, renumbered, and send the next chain if a place in flight is free."""
         if not self._fits(branch):
             raise RuntimeError("the continuation sent ahead does not spell the committed context")
-        keep = self._keep_branch(branch)
-        self.round = ahead
-        self.sent_at = self.ahead_sent_at
+        spec, nxt = self.spec, self.ahead.pop(0)
+        assert spec is not None
+        self.count("cache_hits")
+        self.count("wasted_tree_nodes", spec.nodes - len(branch.nodes))
+        keep = self._keep_path(branch, below=True)
+        dropped = nxt.spec.offset  # the old tree's nodes left the pending tree
+        for later in (nxt, *self.ahead):
+            later.spec.shift(dropped)
+        self.round, self.spec, self.sent_at = nxt.round, nxt.spec, nxt.sent_at
+        self.alternatives = nxt.alternatives
         self.enter(EdgeState.WAITING)
-        return [keep, *self._speculate()]
+        return [keep, *self._send_ahead()]
 
     @property
     def cache_hit_rate(self) -> float | None:

@@ -119,7 +119,7 @@ def make_edge(
             ChainController(
                 start=min(DEFAULT_GAMMA, settings.gamma),
                 gamma_max=settings.gamma,
-                send_ahead=info.sends_ahead,
+                chains_in_flight=settings.chains_in_flight if info.sends_ahead else 1,
             )
             if settings.adaptive_gamma
             else None

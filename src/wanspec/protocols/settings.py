@@ -36,6 +36,8 @@ MAX_SEED = (1 << 63) - 1
 # γ when none is given, and where `gamma="auto"` starts; the longest chain it may choose.
 DEFAULT_GAMMA = 4
 AUTO_GAMMA_MAX = 8
+# Chains a pipeline may keep in flight: each holds a tree in the edge's cache until its verdict.
+MAX_CHAINS_IN_FLIGHT = 8
 # Stop strings a request may carry (an OpenAI request carries at most 4; the edge service's cap).
 MAX_STOP_STRINGS = 16
 
@@ -101,6 +103,10 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     ),
     "tree_fixed": (_is_bool, "True or False"),
     "adaptive_gamma": (_is_bool, "True or False"),
+    "chains_in_flight": (
+        _int_in(1, MAX_CHAINS_IN_FLIGHT),
+        f"an integer in [1, {MAX_CHAINS_IN_FLIGHT}]",
+    ),
     "draft_reshape": (_real_in(0.0, 1.0, open_low=True), "a number in (0, 1] (1 = off)"),
     "draft_reshape_top": (_int_in(1, MAX_CANDIDATES), f"an integer in [1, {MAX_CANDIDATES}]"),
 }
@@ -129,6 +135,12 @@ class GenerationSettings:
             ),
             "auto": True,
         },
+    )
+    chains_in_flight: int = field(
+        default=2,
+        metadata=_help(
+            "deepspec: chains in flight at once (D), the one awaiting its verdict included."
+        ),
     )
     adaptive_gamma: bool = field(
         default=False,
