@@ -217,9 +217,9 @@ class Machine:
         self._jobs.clear()
         return actions
 
-    def cancel(self, purpose: Purpose) -> list[Action]:
-        """Cancel the outstanding computations asked for `purpose` (and only those)."""
-        ids = [job_id for job_id, asked in self._jobs.items() if asked == purpose]
+    def cancel(self, kind: Purpose) -> list[Action]:
+        """Cancel the outstanding computations asked for this purpose (and only those)."""
+        ids = [job_id for job_id, asked in self._jobs.items() if asked is kind]
         for job_id in ids:
             del self._jobs[job_id]
         return [Cancel(job_id) for job_id in ids]
