@@ -14,6 +14,7 @@ from click.testing import CliRunner
 
 from wanspec.protocols.control import (
     SWITCH_GAIN,
+    TREE_ROOM,
     WARMUP_CHAINS,
     ChainController,
     best_gamma,
@@ -84,7 +85,8 @@ def test_more_chains_in_flight_help_until_the_tree_or_the_cloud_binds() -> None:
 def test_best_gamma_is_the_argmax_of_the_modelled_rate(
     chains: int, alpha: float, window_s: float
 ) -> None:
-    fits = [g for g in range(1, 9) if g * LINK["tree_pass_s"] <= window_s] or range(1, 9)
+    room = TREE_ROOM * window_s
+    fits = [g for g in range(1, 9) if g * LINK["tree_pass_s"] <= room] or range(1, 9)
     rates = {g: _rate(g, alpha, chains, window_s=window_s) for g in range(1, 9)}
     best = max(fits, key=rates.__getitem__)
     for current in range(1, 9):
@@ -107,7 +109,7 @@ def test_best_gamma_follows_the_link_and_the_acceptance() -> None:
 def test_best_gamma_keeps_the_tree_within_the_window() -> None:
     """A longer chain whose tree would overrun the window is not chosen, though the model (at the
     budget measured) would rate it higher: the planner would shrink the tree and lose the hits."""
-    timing = {**LINK, "window_s": 0.1, "tree_pass_s": 0.03, "miss_share": 0.0}
+    timing = {**LINK, "window_s": 0.1, "tree_pass_s": 0.029, "miss_share": 0.0}
     rates = {g: _rate(g, 0.95, 1, **timing) for g in range(1, 9)}
     assert max(rates, key=rates.__getitem__) > 3
     assert best_gamma(1, 8, alpha=0.95, **timing) == 3

@@ -27,6 +27,8 @@ from wanspec.protocols.budget import ALPHA_MAX, ALPHA_MIN, PRIOR_ALPHA, Ewma
 # A run starts at the default γ and keeps it until the edge has seen this many verdicts: the
 # window and α of one chain are too noisy to act on.
 WARMUP_CHAINS = 2
+# The share of the measured window a candidate γ's tree may fill.
+TREE_ROOM = 0.9
 # A run of full acceptances longer than this adds nothing measurable to the expectation.
 RUN_LIMIT = 4096
 # γ changes only when the model predicts at least this much more throughput than the current γ
@@ -122,8 +124,10 @@ def best_gamma(
         return tokens_per_chain(alpha, gamma) / seconds if seconds > 0 else math.inf
 
     # A tree that no longer fits in the window makes the planner shrink the budget, and the hits
-    # measured at the old budget would not hold: only γ whose tree fits are candidates.
-    fitting = [g for g in range(1, gamma_max + 1) if g * tree_pass_s <= window_s]
+    # measured at the old budget would not hold: only γ whose tree fits, with room for the
+    # window's jitter, are candidates.
+    room = TREE_ROOM * window_s
+    fitting = [g for g in range(1, gamma_max + 1) if g * tree_pass_s <= room]
     best = max(fitting or range(1, gamma_max + 1), key=lambda g: (rate(g), -g))
     return best if rate(best) > (1 + switch_gain) * rate(current) else current
 
