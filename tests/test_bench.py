@@ -342,7 +342,7 @@ def test_each_scored_set_gives_its_own_reference_full_marks(name: str) -> None:
 def test_every_configuration_sizes_every_experiment() -> None:
     """`--config NAME` must work for every experiment the report runs (the moderate size once
     had no capacity setup, so `wanspec bench capacity --config moderate` refused)."""
-    from wanspec.bench import acespec, capacity
+    from wanspec.bench import acespec, capacity, linksweep
 
-    for setups in (acespec.SETUPS, capacity.SETUPS, capacity.REAL_SETUPS):
+    for setups in (acespec.SETUPS, capacity.SETUPS, capacity.REAL_SETUPS, linksweep.SETUPS):
         assert set(setups) == set(CONFIGS)

@@ -32,6 +32,7 @@ DOCUMENTED = {
         "acespec-temperature",
     ],
     "wanspec.bench.capacity": ["capacity", "capacity-real"],
+    "wanspec.bench.linksweep": ["link-sweep"],
 }
 DOCUMENTED_ALIASES = {"ablation": "acespec-ablation"}
 BENCH = Path(registry.__file__).parent

@@ -33,11 +33,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from wanspec.bench.config import (
     CONFIGS,
-    METHOD_OPTIONS,
     REAL_HETERO,
     REAL_SHARED,
     TINY_PAIR,
@@ -50,25 +49,26 @@ from wanspec.bench.experiment import (
     Experiment,
     Line,
     Row,
-    bits_interval,
-    cell_totals,
     expected_length,
-    prompt_interval,
     run_generation_cell,
     speedup_interval,
-    throughput_interval,
+)
+from wanspec.bench.pipelines import (
+    PipelineSetup,
+    ideal_bound,
+    measures,
+    pipeline_cell,
+    rate_text,
+    sweep_cells,
+    sweep_plot,
 )
 from wanspec.bench.runner import Cell
 from wanspec.bench.tables import markdown_table
-
-if TYPE_CHECKING:
-    from wanspec.bench.stats import Interval
 
 TABLE1_METHODS = ("ar", "sd", "split", "picospec", "dssd", "acespec", "acespec-x")
 PIPELINE_METHODS = ("ar", "sd", "picospec", "acespec", "acespec-x")  # the pipelines' table
 BANDWIDTH_METHODS = ("ar", "picospec", "acespec")
 TEMPERATURE_METHODS = ("picospec", "acespec")
-TREE_METHODS = ("acespec", "acespec-x")  # the methods that take tree_* settings
 ALLOCATIONS = ("single", "uniform", "geometric")
 # the pipelines' targets: acespec over picospec, of the ideal bound, kept on a constrained link
 TARGET_VS_PICOSPEC = 1.2
@@ -76,22 +76,11 @@ TARGET_OF_BOUND = 0.9
 TARGET_CONSTRAINED = 0.9
 
 
-@dataclass(frozen=True)
-class AceSetup:
+@dataclass(frozen=True, kw_only=True)
+class AceSetup(PipelineSetup):
     """What AceSpec's experiments fix for one configuration size (see the module docstring)."""
 
-    shared_pair: tuple[str, str]  # (target, draft), one tokenizer
     hetero_pair: tuple[str, str]  # (target, draft), two tokenizers: TLI methods only
-    datasets: tuple[str, ...]  # Table I; the ablation and the sweeps use the first
-    max_new_tokens: int
-    gamma: int = 4
-    temperature: float = 1.0
-    top_p: float = 0.9
-    edge_profile: str = "edge-orin"
-    cloud_profile: str = "cloud-a100x4-70b"
-    bandwidth_bps: float = 100e6  # both directions
-    rtt_s: float = 0.05
-    tree_budget: int = 64  # B_max of the network-aware budget
     ablation_budget: int = 40  # B of the fixed-budget runs (ablation, temperature sweep)
     constrained_bps: float = 50e3
     bandwidths_bps: tuple[float, ...] = (1e8, 1e7, 1e6, 1e5, 5e4, 2.5e4, 1e4)
@@ -163,161 +152,15 @@ def ace_cell(
     method: str,
     dataset: str,
     pair: tuple[str, str],
-    *,
-    bandwidth_bps: float | None = None,
-    temperature: float | None = None,
-    tree: dict[str, Any] | None = None,
+    **options: Any,
 ) -> Cell:
-    """One method on one prompt set under the AceSpec setup, in `run_generation_cell`'s shape;
-    tree and SR-DV settings enter only the cells of the methods that read them."""
-    from wanspec.protocols.registry import get_method
-
-    setup = setup_of(config)
-    prompts = ctx.prompts(dataset, config.prompts)
-    generation: dict[str, Any] = {
-        "max_new_tokens": setup.max_new_tokens,
-        "temperature": setup.temperature if temperature is None else temperature,
-        "top_k": 0,
-        "top_p": setup.top_p,
-        "seed": config.seed,
-    }
-    if get_method(method).needs_draft:
-        generation["gamma"] = setup.gamma
-    if method in TREE_METHODS:
-        defaults = {"tree_budget": setup.tree_budget, "tree_allocation": "geometric"}
-        generation.update({**defaults, "tree_fixed": False, **(tree or {})})
-    generation.update({k: config.options[k] for k in METHOD_OPTIONS.get(method, ())})
-    rate = bandwidth_bps or setup.bandwidth_bps
-    settings = {
-        "experiment": experiment,
-        "method": method,
-        "dataset": {"name": prompts.name, "n": len(prompts.records), "digest": prompts.digest},
-        "target": pair[0],
-        "draft": pair[1],
-        "edge_profile": setup.edge_profile,
-        "cloud_profile": setup.cloud_profile,
-        "link": {"uplink_bps": rate, "downlink_bps": rate, "rtt_s": setup.rtt_s},
-        "generation": generation,
-    }
-    key = f"{method} | {pair[1]}→{pair[0]} | {prompts.name} | {rate:.3g} bps"
-    key += f" | T={generation['temperature']}"
-    if method in TREE_METHODS:
-        key += f" | B={generation['tree_budget']} {generation['tree_allocation']}"
-        key += " fixed" if generation["tree_fixed"] else ""
-    return Cell(key, settings)
+    """`pipeline_cell` under the configuration's AceSpec setup."""
+    return pipeline_cell(
+        experiment, config, ctx, method, dataset, pair, setup_of(config), **options
+    )
 
 
 # ============================================================================ measures
-
-
-def per_token_acceptance(accepted: Sequence[int], gamma: int) -> float | None:
-    """α as AceSpec's planner estimates it: Σaccepted / Σtested, a round testing its accepted
-    tokens plus the first rejected one (accepted/drafted would count untested tokens as
-    rejections and bias α low)."""
-    from wanspec.protocols.budget import BranchPlanner
-
-    if not accepted:
-        return None
-    planner = BranchPlanner(b_max=1)
-    for a in accepted:
-        planner.observe_round(a, gamma)
-    return planner.alpha
-
-
-def acceptance_counts(accepted: Sequence[int], gamma: int) -> tuple[int, int]:
-    """(Σaccepted, Σtested) of `per_token_acceptance` over the given rounds: one prompt's share
-    of the α estimate, which the bootstrap resamples."""
-    from wanspec.protocols.budget import BranchPlanner
-
-    planner = BranchPlanner(b_max=1)
-    for a in accepted:
-        planner.observe_round(a, gamma)
-    return planner.accepted, planner.tested
-
-
-def tree_draft_seconds(edge_profile: Any, budget: int, gamma: int) -> float:
-    """T_tree(B): γ tree passes over B tips (how the pipeline drafts and the budget prices it)."""
-    from wanspec.jobs import ComputeCost
-    from wanspec.sim import load_profile
-
-    return gamma * load_profile(edge_profile).seconds(ComputeCost("tree", n=budget))
-
-
-def verify_seconds(cloud_profile: Any, gamma: int) -> float:
-    """T_verify: one target pass over γ + 1 positions."""
-    from wanspec.jobs import ComputeCost
-    from wanspec.sim import load_profile
-
-    return load_profile(cloud_profile).seconds(ComputeCost("forward", n=gamma + 1))
-
-
-def ideal_bound(
-    alpha: float, gamma: int, budget: int, rtt_s: float, edge_profile: Any, cloud_profile: Any
-) -> float:
-    """Tokens/s of an ideal pipeline that never misses: E[L] / max(T_tree(B), RTT + T_verify),
-    E[L] = (1−α^γ)/(1−α) (AceSpec's T_ideal; bandwidth not counted)."""
-    window = rtt_s + verify_seconds(cloud_profile, gamma)
-    cycle = max(tree_draft_seconds(edge_profile, budget, gamma), window)
-    return expected_length(alpha, gamma) / cycle
-
-
-def _prompt_stats(line: Line) -> list[dict[str, Any]]:
-    return [p["stats"] for p in line["result"]["prompts"]]
-
-
-def _mean(values: Sequence[float]) -> float | None:
-    return sum(values) / len(values) if values else None
-
-
-def measures(line: Line) -> Row:
-    """The figures every AceSpec table draws on, summed or averaged over a cell's prompts; each
-    rate is followed by its 95 % interval over the prompts (`wanspec.bench.stats`)."""
-    from wanspec.bench.stats import ci_column
-
-    s, stats = line["settings"], _prompt_stats(line)
-    totals = cell_totals(line)
-    gamma = s["generation"].get("gamma")
-    accepted = [a for st in stats for a in st["accepted_per_round"]]
-    hits = sum(st.get("cache_hits", 0) for st in stats)
-    misses = sum(st.get("cache_misses", 0) for st in stats)
-    budgets = [b for st in stats for b in st.get("budget_per_round") or []]
-    ttfts = [st["ttft_s"] for st in stats if st["ttft_s"] is not None]
-    decode_time = sum(st.get("decode_time_s", 0.0) for st in stats)
-    decode_tokens = sum(st.get("decode_tokens", 0) for st in stats)
-    alpha = per_token_acceptance(accepted, gamma) if gamma else None
-    return {
-        "tokens": totals["tokens"],
-        "tokens/s": totals["tokens"] / totals["time_s"] if totals["time_s"] else None,
-        ci_column("tokens/s"): throughput_interval(line),
-        "decode tokens/s": decode_tokens / decode_time if decode_time else None,
-        ci_column("decode tokens/s"): prompt_interval(
-            line, lambda st: st.get("decode_tokens", 0), lambda st: st.get("decode_time_s", 0.0)
-        ),
-        "TTFT ms": 1e3 * _mean(ttfts) if ttfts else None,
-        "alpha": alpha,
-        ci_column("alpha"): _alpha_interval(line, gamma) if alpha is not None else None,
-        "hit rate": hits / (hits + misses) if hits + misses else None,
-        ci_column("hit rate"): prompt_interval(
-            line,
-            lambda st: st.get("cache_hits", 0),
-            lambda st: st.get("cache_hits", 0) + st.get("cache_misses", 0),
-        ),
-        "mean B": _mean(budgets),
-        "tokens/round": totals["tokens"] / len(accepted) if accepted else None,
-        "ms/round": 1e3 * totals["time_s"] / len(accepted) if accepted else None,
-        "uplink bits/token": totals["up_bits"] / totals["tokens"] if totals["tokens"] else None,
-        ci_column("uplink bits/token"): bits_interval(line, "up"),
-        "downlink bits/token": totals["down_bits"] / totals["tokens"] if totals["tokens"] else None,
-        ci_column("downlink bits/token"): bits_interval(line, "down"),
-    }
-
-
-def _alpha_interval(line: Line, gamma: int) -> Interval | None:
-    """α's interval: each prompt's (Σaccepted, Σtested), resampled by prompt."""
-    from wanspec.bench.stats import ratio_interval
-
-    counts = [acceptance_counts(st["accepted_per_round"], gamma) for st in _prompt_stats(line)]
-    return ratio_interval([a for a, _ in counts], [t for _, t in counts])
 
 
 def bound_of(line: Line, alpha: float | None, mean_budget: float | None) -> float | None:
@@ -343,14 +186,6 @@ def _tree_label(line: Line) -> str | None:
         return None
     how = "fixed" if g["tree_fixed"] else "B_max"
     return f"{g['tree_allocation']}, {how} {g['tree_budget']}"
-
-
-def rate_text(bps: float) -> str:
-    """A link rate as people write it: 100 Mbit/s, 50 kbit/s, 300 bit/s."""
-    for unit, scale in (("Gbit/s", 1e9), ("Mbit/s", 1e6), ("kbit/s", 1e3)):
-        if bps >= scale:
-            return f"{bps / scale:g} {unit}"
-    return f"{bps:g} bit/s"
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -435,9 +270,7 @@ def _sweep_cells(
     experiment: str, config: Config, ctx: Context, runs: list[tuple[str, dict[str, Any]]]
 ) -> list[Cell]:
     """One cell per (method, `ace_cell` options) on the first dataset and the shared pair."""
-    setup = setup_of(config)
-    dataset, pair = setup.datasets[0], setup.shared_pair
-    return [ace_cell(experiment, config, ctx, m, dataset, pair, **kw) for m, kw in runs]
+    return sweep_cells(experiment, config, ctx, runs, setup_of(config))
 
 
 def _bandwidth_cells(config: Config, ctx: Context) -> list[Cell]:
@@ -463,27 +296,8 @@ def _link_rows(lines: list[Line]) -> list[Row]:
     return rows
 
 
-def _sweep_plot(
-    rows: list[Row],
-    folder: Path,
-    stem: str,
-    *,
-    x: str,
-    panels: list[tuple[str, str]],
-    xlabel: str,
-    logx: bool = False,
-) -> list[Path]:
-    """One line per method of each panel's column against the swept setting, per dataset."""
-    from wanspec.bench import plots  # matplotlib: only when drawing
-
-    fig = plots.lines_vs(
-        rows, x=x, panels=panels, series="method", facet="dataset", xlabel=xlabel, logx=logx
-    )
-    return plots.save(fig, folder, stem)
-
-
 def _bandwidth_plot(rows: list[Row], folder: Path) -> list[Path]:
-    return _sweep_plot(
+    return sweep_plot(
         rows,
         folder,
         "acespec-bandwidth",
@@ -736,7 +550,7 @@ def _budget_table(lines: list[Line]) -> list[Row]:
 
 
 def _budget_plot(rows: list[Row], folder: Path) -> list[Path]:
-    return _sweep_plot(
+    return sweep_plot(
         rows,
         folder,
         "acespec-budget",
@@ -758,7 +572,7 @@ def _temperature_cells(config: Config, ctx: Context) -> list[Cell]:
 
 
 def _temperature_plot(rows: list[Row], folder: Path) -> list[Path]:
-    return _sweep_plot(
+    return sweep_plot(
         rows,
         folder,
         "acespec-temperature",

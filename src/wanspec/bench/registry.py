@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from wanspec.bench import acespec, capacity, xcosd
+from wanspec.bench import acespec, capacity, linksweep, xcosd
 from wanspec.bench.experiment import Experiment
 
 
@@ -24,11 +24,13 @@ class Source:
     aliases: Mapping[str, str] = field(default_factory=dict)  # alias -> experiment name
 
 
-# the order of `wanspec bench list`, of its commands and of the report: X-CoSD, AceSpec, capacity
+# the order of `wanspec bench list`, of its commands and of the report: X-CoSD, AceSpec, capacity,
+# the link sweep
 SOURCES: tuple[Source, ...] = (
     Source(xcosd.__name__, xcosd.XCOSD_EXPERIMENTS),
     Source(acespec.__name__, acespec.ACESPEC_EXPERIMENTS, acespec.ACESPEC_ALIASES),
     Source(capacity.__name__, capacity.CAPACITY_EXPERIMENTS),
+    Source(linksweep.__name__, linksweep.LINK_EXPERIMENTS),
 )
 
 
