@@ -9,16 +9,9 @@ import numpy as np
 import pytest
 
 from wanspec.sampling.logits import TorchLogitRows
-from wanspec.sim import Link
-from worlds import PROMPT_IDS, World
+from worlds import PROMPT_IDS, World, check_the_tree_never_changes_the_tokens
 
 RESHAPE = {"draft_reshape": 0.4, "draft_reshape_top": 2}
-TREE_VARIANTS = [
-    dict(tree_budget=1),
-    dict(tree_budget=4, tree_allocation="uniform", tree_fixed=True),
-    dict(tree_budget=16, tree_allocation="single", tree_fixed=True),
-    dict(tree_budget=24, tree_allocation="geometric"),
-]
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -26,16 +19,9 @@ def test_with_a_reshaped_draft_the_tree_never_changes_the_tokens(
     shared_world: World, seed: int
 ) -> None:
     settings = dict(seed=seed, max_new_tokens=24, temperature=1.2, gamma=3, **RESHAPE)
-    reference, pico, _ = shared_world.run("picospec", **settings)
+    reference = check_the_tree_never_changes_the_tokens(shared_world, **settings)
     plain, _, _ = shared_world.run("picospec", **{**settings, "draft_reshape": 1.0})
-    assert plain.tokens != reference.tokens  # the reshape is really in play
-    hit_rates = []
-    for k, variant in enumerate(TREE_VARIANTS):
-        link = Link(bandwidth_bps=1e5 * (k + 1), rtt_s=0.03 * (k + 1), jitter_s=0.01, seed=k)
-        sim, edge, _ = shared_world.run("acespec", link=link, **settings, **variant)
-        assert sim.tokens == reference.tokens
-        hit_rates.append(edge.cache_hit_rate)
-    assert max(hit_rates) > pico.cache_hit_rate  # the alternatives were really used
+    assert plain.tokens != reference  # the reshape is really in play
 
 
 @pytest.mark.parametrize("method", ["sd", "acespec"])

@@ -160,3 +160,26 @@ def refusal(actions: list[Any]) -> tuple[ErrorCode, str]:
     finish = [a.reason for a in actions if isinstance(a, Finish)]
     assert len(sent) == 1 and finish == [f"error: {sent[0].message}"], actions
     return ErrorCode(sent[0].code), sent[0].message
+
+
+TREE_VARIANTS = [
+    dict(tree_budget=1),
+    dict(tree_budget=4, tree_allocation="uniform", tree_fixed=True),
+    dict(tree_budget=16, tree_allocation="single", tree_fixed=True),
+    dict(tree_budget=24, tree_allocation="geometric"),
+]
+
+
+def check_the_tree_never_changes_the_tokens(world: World, **settings: Any) -> list[int]:
+    """acespec under every tree variant and a different link each gives picospec's tokens for
+    the same settings, and some variant's alternatives were really used (hit rate above
+    picospec's); returns those tokens."""
+    reference, pico, _ = world.run("picospec", **settings)
+    hit_rates = []
+    for k, variant in enumerate(TREE_VARIANTS):
+        link = Link(bandwidth_bps=1e5 * (k + 1), rtt_s=0.03 * (k + 1), jitter_s=0.01, seed=k)
+        sim, edge, _ = world.run("acespec", link=link, **settings, **variant)
+        assert sim.tokens == reference.tokens
+        hit_rates.append(edge.cache_hit_rate)
+    assert max(hit_rates) > pico.cache_hit_rate
+    return reference.tokens
