@@ -1,8 +1,10 @@
-"""γ chosen online (`gamma="auto"`): the policy's pure functions, and the pipelines running it.
+"""γ and D chosen online (`gamma="auto"`, `chains_in_flight="auto"`): the policy's pure
+functions, and the pipelines running it.
 
 The claim that matters is that the choice changes only the time: a pipeline's draws are keyed by
-output position, so a seed gives the tokens of a fixed γ whatever γ the controller picks along
-the way (chains of several lengths in one run, trees drafted for the next chain's length).
+output position, so a seed gives the tokens of a fixed γ and D whatever the controller picks
+along the way (chains of several lengths in one run, trees drafted for the next chain's length,
+more or fewer chains sent ahead).
 """
 
 from __future__ import annotations
@@ -13,26 +15,42 @@ import pytest
 from click.testing import CliRunner
 
 from wanspec.protocols.control import (
+    DEPTH_SLACK,
+    START_DEPTH,
     SWITCH_GAIN,
     TREE_ROOM,
     WARMUP_CHAINS,
     ChainController,
-    best_gamma,
-    chain_seconds,
+    Estimates,
+    best_setting,
+    modelled_rate,
     tokens_per_chain,
     verdict_gap,
 )
-from wanspec.protocols.settings import AUTO_GAMMA_MAX, DEFAULT_GAMMA, GenerationSettings
+from wanspec.protocols.settings import (
+    AUTO_GAMMA_MAX,
+    DEFAULT_GAMMA,
+    MAX_CHAINS_IN_FLIGHT,
+    GenerationSettings,
+)
 from wanspec.sim import Link
 from worlds import World
 
 LINK = dict(window_s=0.3, tree_pass_s=0.02, draft_s=0.02, miss_share=0.5)
 
 
+def _est(alpha: float, **link: float) -> Estimates:
+    return Estimates(alpha=alpha, **{**LINK, **link})
+
+
 def _rate(gamma: int, alpha: float, chains: int, **link: float) -> float:
-    return tokens_per_chain(alpha, gamma) / chain_seconds(
-        gamma, alpha=alpha, chains_in_flight=chains, **{**LINK, **link}
-    )
+    return modelled_rate(gamma, _est(alpha, **link), chains)
+
+
+def best_gamma(current: int, gamma_max: int, alpha: float, chains: int = 1, **link: float) -> int:
+    """`best_setting` over γ alone, at a fixed D."""
+    est = _est(alpha, **link)
+    return best_setting((current, chains), range(1, gamma_max + 1), [chains], est)[0]
 
 
 # ----------------------------------------------------------------------------- the model
@@ -90,8 +108,7 @@ def test_best_gamma_is_the_argmax_of_the_modelled_rate(
     rates = {g: _rate(g, alpha, chains, window_s=window_s) for g in range(1, 9)}
     best = max(fits, key=rates.__getitem__)
     for current in range(1, 9):
-        chosen = best_gamma(current, 8, alpha=alpha, chains_in_flight=chains,
-                            **{**LINK, "window_s": window_s})  # fmt: skip
+        chosen = best_gamma(current, 8, alpha, chains, window_s=window_s)
         if rates[best] > (1 + SWITCH_GAIN) * rates[current]:
             assert chosen == best
         else:  # hysteresis: a small predicted gain is not worth a change
@@ -101,18 +118,55 @@ def test_best_gamma_is_the_argmax_of_the_modelled_rate(
 def test_best_gamma_follows_the_link_and_the_acceptance() -> None:
     """A long window and a good draft want long chains; a short window with a costly tree and a
     poor draft wants short ones."""
-    long = best_gamma(4, 8, alpha=0.9, **{**LINK, "window_s": 0.5})
-    short = best_gamma(4, 8, alpha=0.3, **{**LINK, "window_s": 0.03, "tree_pass_s": 0.03})
+    long = best_gamma(4, 8, 0.9, window_s=0.5)
+    short = best_gamma(4, 8, 0.3, window_s=0.03, tree_pass_s=0.03)
     assert long >= 7 and short <= 2
 
 
 def test_best_gamma_keeps_the_tree_within_the_window() -> None:
     """A longer chain whose tree would overrun the window is not chosen, though the model (at the
     budget measured) would rate it higher: the planner would shrink the tree and lose the hits."""
-    timing = {**LINK, "window_s": 0.1, "tree_pass_s": 0.029, "miss_share": 0.0}
+    timing = {"window_s": 0.1, "tree_pass_s": 0.029, "miss_share": 0.0}
     rates = {g: _rate(g, 0.95, 1, **timing) for g in range(1, 9)}
     assert max(rates, key=rates.__getitem__) > 3
-    assert best_gamma(1, 8, alpha=0.95, **timing) == 3
+    assert best_gamma(1, 8, 0.95, **timing) == 3
+
+
+@pytest.mark.parametrize(("alpha", "window_s"), [(0.9, 0.5), (0.8, 0.3), (0.6, 0.3), (0.3, 0.1)])
+def test_best_setting_takes_the_fewest_chains_that_reach_the_best_rate(
+    alpha: float, window_s: float
+) -> None:
+    """Joint (γ, D): the modelled best, but with no more chains in flight than it needs (a chain
+    sent ahead that turns stale costs bits and edge work the model does not price)."""
+    est = _est(alpha, window_s=window_s)
+    gammas, depths = range(1, 9), range(1, 9)
+    rates = {(g, d): modelled_rate(g, est, d) for g in gammas for d in depths}
+    top = max(rates.values())
+    gamma, depth = best_setting((1, 1), gammas, depths, est, switch_gain=0.0)
+    assert rates[gamma, depth] >= (1 - DEPTH_SLACK) * top
+    assert all(rates[g, d] < (1 - DEPTH_SLACK) * top for g in gammas for d in range(1, depth))
+
+
+def test_best_setting_sends_chains_ahead_over_a_long_window_only() -> None:
+    """A long window with a fast draft wants several chains in flight; a window shorter than a
+    tree wants none sent ahead."""
+    _, long = best_setting((4, 1), range(1, 9), range(1, 9), _est(0.8, window_s=0.6))
+    _, short = best_setting((4, 1), range(1, 9), range(1, 9),
+                            _est(0.8, window_s=0.03, tree_pass_s=0.03))  # fmt: skip
+    assert long >= 3 and short == 1
+
+
+def test_the_controller_adapts_the_chains_in_flight_within_its_limit() -> None:
+    ctl = ChainController(start=4, gamma_max=4, chains_in_flight=6, adapt_gamma=False,
+                          adapt_depth=True)  # fmt: skip
+    assert ctl.depth == START_DEPTH
+    ctl.observe_tree_pass(0.01)
+    ctl.observe_draft(0.01)
+    for _ in range(WARMUP_CHAINS):
+        ctl.observe_verdict(4, 4, 0.6)  # every chain accepted whole over a long window
+        ctl.next_gamma()
+    assert ctl.history == [4] * WARMUP_CHAINS  # γ is held
+    assert START_DEPTH < ctl.depth <= 6 and ctl.depth_history[-1] == ctl.depth
 
 
 def test_the_controller_keeps_its_start_until_it_has_measured() -> None:
@@ -153,6 +207,15 @@ def test_gamma_auto_is_an_upper_limit_and_a_switch() -> None:
         GenerationSettings(gamma="fast")
 
 
+def test_chains_in_flight_auto_is_an_upper_limit_and_a_switch() -> None:
+    auto = GenerationSettings(chains_in_flight="auto")
+    assert (auto.chains_in_flight, auto.adaptive_depth) == (MAX_CHAINS_IN_FLIGHT, True)
+    assert GenerationSettings.from_dict(auto.to_dict()) == auto
+    assert not GenerationSettings().adaptive_depth
+    with pytest.raises(ValueError, match="chains_in_flight"):
+        GenerationSettings(chains_in_flight="many")
+
+
 def test_gamma_auto_on_the_command_line() -> None:
     from wanspec.cli import main
 
@@ -165,6 +228,13 @@ def test_gamma_auto_on_the_command_line() -> None:
 def test_gamma_auto_is_refused_where_gamma_changes_the_tokens(shared_world: World) -> None:
     with pytest.raises(ValueError, match="pipeline method"):
         shared_world.machines("sd", gamma="auto")
+
+
+def test_chains_in_flight_auto_is_refused_where_no_chain_is_sent_ahead(
+    shared_world: World,
+) -> None:
+    with pytest.raises(ValueError, match="sends chains ahead"):
+        shared_world.machines("acespec", chains_in_flight="auto")
 
 
 # ----------------------------------------------------------------------------- on the simulator
@@ -182,6 +252,25 @@ def test_auto_gamma_gives_the_tokens_of_a_fixed_gamma(shared_world: World, metho
         assert len(edge.accepted_per_round) == cloud.counters["rounds"]
         varied += len(set(edge.controller.history)) > 1
     assert varied  # some run really drafted chains of several lengths
+
+
+@pytest.mark.parametrize("gamma", [DEFAULT_GAMMA, "auto"])
+def test_auto_chains_in_flight_give_the_tokens_of_one_chain_in_flight(
+    shared_world: World, gamma: int | str
+) -> None:
+    varied = 0
+    for seed, rtt in [(0, 0.6), (1, 0.02), (2, 0.3)]:
+        link = Link(bandwidth_bps=1e7, rtt_s=rtt)
+        settings = dict(seed=seed, max_new_tokens=48, temperature=1.2)
+        fixed, _, _ = shared_world.run("acespec", link=link, gamma=DEFAULT_GAMMA, **settings)
+        auto, edge, cloud = shared_world.run(
+            "deepspec", link=link, gamma=gamma, chains_in_flight="auto", **settings
+        )
+        assert auto.tokens == fixed.tokens
+        assert edge.counters.get("stale_chains_ahead", 0) == cloud.counters.get("stale_drafts", 0)
+        assert edge.most_in_flight <= max(edge.controller.depth_history)
+        varied += len(set(edge.controller.depth_history)) > 1
+    assert varied  # some run really changed how many chains it kept in flight
 
 
 def test_auto_gamma_across_vocabularies_gives_the_tokens_of_a_fixed_gamma(

@@ -6,10 +6,12 @@ Two sweeps on the simulator with AceSpec's testbed profiles (edge `edge-orin`, c
 the RTT (10, 50, 150, 300 ms at 100 Mbit/s each way) and the link rate (50 kbit/s, 1, 10,
 100 Mbit/s at 50 ms). At each point: `ar`, `sd`, `picospec`, `acespec` and `deepspec` at γ = 4,
 acespec and deepspec at every other fixed γ in 1..8 (the best fixed setting a person could have
-picked knowing the link), and both with `gamma="auto"`. A pipeline's tokens do not depend on γ,
-so these cells differ only in time. Each point also gets AceSpec's ideal-pipeline bound
-(`pipelines.ideal_bound` at the best γ, B = 1, the point's measured α): one chain in flight,
-bandwidth not counted, so deepspec, which keeps a second chain in flight, may pass it.
+picked knowing the link), and both with `gamma="auto"`; deepspec's auto cell also leaves the
+chains in flight to the edge (`chains_in_flight="auto"`, D ≤ 8), while its fixed cells keep
+D = 2. A pipeline's tokens do not depend on γ or D, so these cells differ only in time. Each
+point also gets AceSpec's ideal-pipeline bound (`pipelines.ideal_bound` at the best γ, B = 1,
+the point's measured α): one chain in flight, bandwidth not counted, so deepspec, which keeps
+more chains in flight, may pass it.
 
 Pairs: every configuration runs the synthetic pair with i.i.d. per-token acceptance α = 0.8 and
 α = 0.6 (`synthetic_pair`, as `capacity`; plain sampling at T = 1, where its α is exact), prompt i
@@ -60,6 +62,8 @@ NAME = "link-sweep"
 BASELINES = ("ar", "sd", "picospec")  # at the default γ only
 PIPELINES = ("acespec", "deepspec")  # at every fixed γ and at "auto"
 AUTO = "auto"
+# what else a pipeline's auto cell leaves to the edge besides γ
+AUTO_ALSO: dict[str, dict[str, str]] = {"acespec": {}, "deepspec": {"depth": AUTO}}
 SWEEP_RATE_BPS = 100e6  # the RTT sweep's link rate, each way
 SWEEP_RTT_S = 0.05  # the rate sweep's RTT
 # the goals
@@ -150,10 +154,9 @@ def _cells(config: Config, ctx: Context) -> list[Cell]:
             link = {"rtt_s": rtt, "bandwidth_bps": rate}
             runs = [(method, link) for method in BASELINES]
             runs += [
-                (method, {**link, "gamma": gamma})
-                for method in PIPELINES
-                for gamma in (*setup.gammas, AUTO)
+                (method, {**link, "gamma": gamma}) for method in PIPELINES for gamma in setup.gammas
             ]
+            runs += [(method, {**link, "gamma": AUTO, **AUTO_ALSO[method]}) for method in PIPELINES]
             synthetic = {"alpha": alpha, "seed": config.seed}
             cells += [
                 Cell(c.key, {**c.settings, "synthetic": synthetic})
@@ -553,8 +556,9 @@ LINK_EXPERIMENTS = [
         "RTT 10, 50, 150, 300 ms at 100 Mbit/s each way, and 50 kbit/s, 1, 10, 100 Mbit/s at "
         "50 ms. The synthetic pair (i.i.d. per-token acceptance α = 0.8 and 0.6) decides the "
         "tokens at T = 1; prompt i runs seed i. ar, sd, picospec at γ = 4; acespec and deepspec "
-        "(AceSpec with a second chain sent before the verdict) at every fixed γ and with "
-        '`gamma="auto"` (the edge picks γ ≤ 8 per chain from what it measures); network-aware '
+        "(AceSpec with D = 2 chains in flight) at every fixed γ and with "
+        '`gamma="auto"` (the edge picks γ ≤ 8 per chain from what it measures; deepspec\'s auto '
+        'also picks D ≤ 8, `chains_in_flight="auto"`); network-aware '
         "tree budget up to B_max. The summary tabulates both sweeps and judges goals (a) "
         "deepspec ≥ 1.3× acespec at RTT ≥ 150 ms, never below it; (b) auto within 5 % of the "
         "best fixed γ everywhere and ≥ 1.15× γ = 4 at the sweeps' extremes.",

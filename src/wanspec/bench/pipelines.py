@@ -65,11 +65,13 @@ def pipeline_cell(
     rtt_s: float | None = None,
     temperature: float | None = None,
     gamma: int | str | None = None,
+    depth: int | str | None = None,
     tree: dict[str, Any] | None = None,
 ) -> Cell:
     """One method on one prompt set under `setup`, in `run_generation_cell`'s shape; tree and
     SR-DV settings enter only the cells of the methods that read them. A link rate, RTT,
-    temperature or γ given here replaces the setup's; an RTT or γ given enters the key."""
+    temperature, γ or D (chains in flight) given here replaces the setup's or the method's
+    default; an RTT, γ or D given enters the key."""
     from wanspec.protocols.registry import get_method
 
     prompts = ctx.prompts(dataset, config.prompts)
@@ -85,6 +87,8 @@ def pipeline_cell(
     if method in TREE_METHODS:
         defaults = {"tree_budget": setup.tree_budget, "tree_allocation": "geometric"}
         generation.update({**defaults, "tree_fixed": False, **(tree or {})})
+    if depth is not None:
+        generation["chains_in_flight"] = depth
     generation.update({k: config.options[k] for k in METHOD_OPTIONS.get(method, ())})
     rate = bandwidth_bps or setup.bandwidth_bps
     settings = {
@@ -101,6 +105,7 @@ def pipeline_cell(
     key = f"{method} | {pair[1]}→{pair[0]} | {prompts.name} | {rate:.3g} bps"
     key += f" | RTT {1e3 * rtt_s:g} ms" if rtt_s else ""
     key += f" | γ={gamma}" if gamma is not None and "gamma" in generation else ""
+    key += f" | D={depth}" if depth is not None else ""
     key += f" | T={generation['temperature']}"
     if method in TREE_METHODS:
         key += f" | B={generation['tree_budget']} {generation['tree_allocation']}"

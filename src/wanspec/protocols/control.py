@@ -1,4 +1,5 @@
-"""The draft length γ a pipeline should use next, chosen online from what the edge measures.
+"""The draft length γ and the chains in flight D a pipeline should use next, chosen online from
+what the edge measures.
 
 Pure functions over numbers (no I/O, no clock, no model), plus `ChainController`, the small
 online state a pipeline edge feeds once per chain. The model is the pipelines' cycle-time
@@ -13,13 +14,14 @@ analysis (docs/METHODS.md), checked against the simulator on the i.i.d. syntheti
   before. `verdict_gap` sums that recursion over the geometric length of the run. For D = 1 it
   is AceSpec's max(τ, W) + P_miss·γ·T_draft.
 
-The chosen γ changes only the time, never the tokens: a pipeline's draws are keyed by output
-position (SPEC's Randomness clause), so a seed gives the same tokens at every γ.
+The chosen γ and D change only the time, never the tokens: a pipeline's draws are keyed by output
+position (SPEC's Randomness clause), so a seed gives the same tokens at every γ and D.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from wanspec.protocols.budget import ALPHA_MAX, ALPHA_MIN, PRIOR_ALPHA, Ewma
@@ -27,6 +29,8 @@ from wanspec.protocols.budget import ALPHA_MAX, ALPHA_MIN, PRIOR_ALPHA, Ewma
 # A run starts at the default γ and keeps it until the edge has seen this many verdicts: the
 # window and α of one chain are too noisy to act on.
 WARMUP_CHAINS = 2
+# With D chosen online, a run starts with `deepspec`'s default D.
+START_DEPTH = 2
 # The share of the measured window a candidate γ's tree may fill.
 TREE_ROOM = 0.9
 # A run of full acceptances longer than this adds nothing measurable to the expectation.
@@ -34,6 +38,9 @@ RUN_LIMIT = 4096
 # γ changes only when the model predicts at least this much more throughput than the current γ
 # (hysteresis: estimates wander, and each change costs a tree drafted for the old γ).
 SWITCH_GAIN = 0.04
+# Chains in flight beyond those that reach within this share of the best modelled rate are not
+# worth their stale drafts.
+DEPTH_SLACK = 0.01
 
 
 def tokens_per_chain(alpha: float, gamma: int) -> float:
@@ -74,77 +81,77 @@ def verdict_gap(
     return (1.0 - full) * expected  # per verdict: a run holds E[K] = 1/(1 − a) of them
 
 
-def chain_seconds(
-    gamma: int,
-    *,
-    alpha: float,
-    window_s: float,
-    tree_pass_s: float,
-    draft_s: float,
-    miss_share: float,
-    chains_in_flight: int = 1,
-) -> float:
-    """E[T] between two verdicts at draft length γ, from per-token estimates."""
-    alpha = min(max(alpha, ALPHA_MIN), ALPHA_MAX)
+@dataclass(frozen=True)
+class Estimates:
+    """What the edge has measured: per-token acceptance, the window (send to verdict), one tree
+    pass, one plain draft step, and the share of rejections the tree missed."""
+
+    alpha: float
+    window_s: float
+    tree_pass_s: float
+    draft_s: float
+    miss_share: float
+
+
+def chain_seconds(gamma: int, est: Estimates, chains_in_flight: int = 1) -> float:
+    """E[T] between two verdicts at draft length γ with D chains in flight."""
+    alpha = min(max(est.alpha, ALPHA_MIN), ALPHA_MAX)
     return verdict_gap(
         alpha**gamma,
-        window_s=window_s,
-        tree_s=gamma * tree_pass_s,
-        redraft_s=gamma * draft_s,
-        miss_share=miss_share,
+        window_s=est.window_s,
+        tree_s=gamma * est.tree_pass_s,
+        redraft_s=gamma * est.draft_s,
+        miss_share=est.miss_share,
         chains_in_flight=chains_in_flight,
     )
 
 
-def best_gamma(
-    current: int,
-    gamma_max: int,
-    *,
-    alpha: float,
-    window_s: float,
-    tree_pass_s: float,
-    draft_s: float,
-    miss_share: float,
-    chains_in_flight: int = 1,
+def modelled_rate(gamma: int, est: Estimates, chains_in_flight: int = 1) -> float:
+    """Tokens per second the model predicts at (γ, D)."""
+    seconds = chain_seconds(gamma, est, chains_in_flight)
+    return tokens_per_chain(est.alpha, gamma) / seconds if seconds > 0 else math.inf
+
+
+def best_setting(
+    current: tuple[int, int],
+    gammas: Sequence[int],
+    depths: Sequence[int],
+    est: Estimates,
     switch_gain: float = SWITCH_GAIN,
-) -> int:
-    """The γ in 1..gamma_max whose tree fits in the window with the most tokens per second, or
-    `current` unless that beats it by more than `switch_gain`."""
-
-    def rate(gamma: int) -> float:
-        seconds = chain_seconds(
-            gamma,
-            alpha=alpha,
-            window_s=window_s,
-            tree_pass_s=tree_pass_s,
-            draft_s=draft_s,
-            miss_share=miss_share,
-            chains_in_flight=chains_in_flight,
-        )
-        return tokens_per_chain(alpha, gamma) / seconds if seconds > 0 else math.inf
-
-    # A tree that no longer fits in the window makes the planner shrink the budget, and the hits
-    # measured at the old budget would not hold: only γ whose tree fits, with room for the
-    # window's jitter, are candidates.
-    room = TREE_ROOM * window_s
-    fitting = [g for g in range(1, gamma_max + 1) if g * tree_pass_s <= room]
-    best = max(fitting or range(1, gamma_max + 1), key=lambda g: (rate(g), -g))
-    return best if rate(best) > (1 + switch_gain) * rate(current) else current
+) -> tuple[int, int]:
+    """The (γ, D) among the candidates with the most modelled tokens per second, or `current`
+    unless that beats it by more than `switch_gain`. Among settings within `DEPTH_SLACK` of the
+    best, the fewest chains in flight win: a chain sent ahead that turns stale costs uplink bits
+    and edge work the model does not count. Only γ whose tree fits in the window are candidates:
+    a tree that overruns it makes the planner shrink the budget, and the hits measured at the
+    old budget would not hold."""
+    room = TREE_ROOM * est.window_s
+    fitting = [g for g in gammas if g * est.tree_pass_s <= room] or list(gammas)
+    rates = {(g, d): modelled_rate(g, est, d) for g in fitting for d in depths}
+    top = max(rates.values())
+    best = min((s for s, r in rates.items() if r >= (1 - DEPTH_SLACK) * top),
+               key=lambda s: (s[1], -rates[s], s[0]))  # fmt: skip
+    now = rates[current] if current in rates else modelled_rate(current[0], est, current[1])
+    return best if rates[best] > (1 + switch_gain) * now else current
 
 
 @dataclass
 class ChainController:
-    """γ for the next chain, from running estimates the edge feeds it.
+    """γ (and, with `adapt_depth`, D) for the next chain, from running estimates the edge feeds.
 
     Feeds: `observe_verdict(accepted, drafted, window_s)` per verdict; `observe_tree_pass(s)` and
     `observe_draft(s)` per compute; `observe_outcome(hit)` per rejection looked up in the tree.
     Until the estimates exist (`WARMUP_CHAINS` verdicts, one tree pass and one draft) it keeps
-    `start`."""
+    `start` and `START_DEPTH`. `adapt_gamma` False holds γ at `start`; `chains_in_flight` is D,
+    or D's upper limit when `adapt_depth`."""
 
     start: int
     gamma_max: int
     chains_in_flight: int = 1
+    adapt_gamma: bool = True
+    adapt_depth: bool = False
     gamma: int = field(init=False)
+    depth: int = field(init=False)
     verdicts: int = field(init=False, default=0)
     accepted: int = field(init=False, default=0)
     tested: int = field(init=False, default=0)
@@ -154,11 +161,17 @@ class ChainController:
     tree_pass: Ewma = field(init=False, default_factory=Ewma)
     draft: Ewma = field(init=False, default_factory=Ewma)
     history: list[int] = field(init=False, default_factory=list)
+    depth_history: list[int] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
         if not 1 <= self.start <= self.gamma_max:
             raise ValueError(f"start γ {self.start} outside [1, {self.gamma_max}]")
+        if self.chains_in_flight < 1:
+            raise ValueError(f"chains in flight must be at least 1, got {self.chains_in_flight}")
         self.gamma = self.start
+        self.depth = (
+            min(START_DEPTH, self.chains_in_flight) if self.adapt_depth else (self.chains_in_flight)
+        )
 
     @property
     def alpha(self) -> float:
@@ -182,19 +195,22 @@ class ChainController:
     def observe_draft(self, seconds: float) -> None:
         self.draft.update(seconds)
 
-    def next_gamma(self) -> int:
-        """γ for the chain about to be drafted (recorded in `history`)."""
+    def estimates(self) -> Estimates | None:
+        """The model's inputs, once measured."""
         window, tree, draft = self.window.value, self.tree_pass.value, self.draft.value
-        if self.verdicts >= WARMUP_CHAINS and None not in (window, tree, draft):
-            self.gamma = best_gamma(
-                self.gamma,
-                self.gamma_max,
-                alpha=self.alpha,
-                window_s=window,
-                tree_pass_s=tree,
-                draft_s=draft,
-                miss_share=(self.misses + 1) / (self.rejections + 2),
-                chains_in_flight=self.chains_in_flight,
-            )
+        if self.verdicts < WARMUP_CHAINS or None in (window, tree, draft):
+            return None
+        miss_share = (self.misses + 1) / (self.rejections + 2)
+        return Estimates(self.alpha, window, tree, draft, miss_share)
+
+    def next_gamma(self) -> int:
+        """γ for the chain about to be drafted (recorded in `history`); it also sets `depth`,
+        the chains that may be in flight from now on (recorded in `depth_history`)."""
+        est = self.estimates()
+        if est is not None:
+            gammas = range(1, self.gamma_max + 1) if self.adapt_gamma else [self.gamma]
+            depths = range(1, self.chains_in_flight + 1) if self.adapt_depth else [self.depth]
+            self.gamma, self.depth = best_setting((self.gamma, self.depth), gammas, depths, est)
         self.history.append(self.gamma)
+        self.depth_history.append(self.depth)
         return self.gamma

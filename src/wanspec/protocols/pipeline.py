@@ -163,7 +163,7 @@ class PipelineEdge(SpecEdge):
         self.planner = planner
         self.send_ahead = send_ahead
         self.controller = controller
-        self.chains_in_flight = self.settings.chains_in_flight if send_ahead else 1
+        self.depth_limit = self.settings.chains_in_flight if send_ahead else 1
         self.next_length = self.settings.gamma if controller is None else controller.start
         self.issued_at: dict[str, float | None] = {}  # when the last job of a kind went out
         self.ahead: list[InFlight] = []  # chains sent before the verdict, oldest first (deepspec)
@@ -194,6 +194,11 @@ class PipelineEdge(SpecEdge):
     @property
     def chain_length(self) -> int:
         return self.next_length
+
+    @property
+    def chains_in_flight(self) -> int:
+        """D: how many chains may be in flight now (the controller's choice, or the setting)."""
+        return self.depth_limit if self.controller is None else self.controller.depth
 
     def _choose_length(self) -> int:
         """γ of the next chain: the controller's choice, or the setting."""

@@ -84,6 +84,11 @@ def make_edge(
             f"gamma 'auto' needs a pipeline method (picospec, acespec, deepspec, acespec-x), whose "
             f"tokens do not depend on γ; {info.name!r} would change its tokens with every choice"
         )
+    if settings.adaptive_depth and not info.sends_ahead:
+        raise ValueError(
+            f"chains_in_flight 'auto' needs a method that sends chains ahead (deepspec); "
+            f"{info.name!r} keeps one chain in flight"
+        )
     if info.shared_vocab_only and not alignment.is_identity:
         raise ValueError(
             f"method {info.name!r} needs a shared vocabulary, but the draft and target tokenizers "
@@ -115,13 +120,17 @@ def make_edge(
     )
     if info.family == "pipeline":
         planner = _planner(info.name, settings, tree_seconds)
+        depth = settings.chains_in_flight if info.sends_ahead else 1
+        start = min(DEFAULT_GAMMA, settings.gamma) if settings.adaptive_gamma else settings.gamma
         controller = (
             ChainController(
-                start=min(DEFAULT_GAMMA, settings.gamma),
+                start=start,
                 gamma_max=settings.gamma,
-                chains_in_flight=settings.chains_in_flight if info.sends_ahead else 1,
+                chains_in_flight=depth,
+                adapt_gamma=settings.adaptive_gamma,
+                adapt_depth=settings.adaptive_depth,
             )
-            if settings.adaptive_gamma
+            if settings.adaptive_gamma or settings.adaptive_depth
             else None
         )
         return PipelineEdge(

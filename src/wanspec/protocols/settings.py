@@ -103,6 +103,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     ),
     "tree_fixed": (_is_bool, "True or False"),
     "adaptive_gamma": (_is_bool, "True or False"),
+    "adaptive_depth": (_is_bool, "True or False"),
     "chains_in_flight": (
         _int_in(1, MAX_CHAINS_IN_FLIGHT),
         f"an integer in [1, {MAX_CHAINS_IN_FLIGHT}]",
@@ -138,13 +139,23 @@ class GenerationSettings:
     )
     chains_in_flight: int = field(
         default=2,
-        metadata=_help(
-            "deepspec: chains in flight at once (D), the one awaiting its verdict included."
-        ),
+        metadata={
+            **_help(
+                "deepspec: chains in flight at once (D), the one awaiting its verdict included; "
+                f"'auto': chosen per chain from the measured link, up to {MAX_CHAINS_IN_FLIGHT}."
+            ),
+            "auto": True,
+        },
     )
     adaptive_gamma: bool = field(
         default=False,
         metadata=_help("Pipelines: choose γ per chain online, with `gamma` as its upper limit."),
+    )
+    adaptive_depth: bool = field(
+        default=False,
+        metadata=_help(
+            "deepspec: choose D per chain online, with `chains_in_flight` as its upper limit."
+        ),
     )
     stop: tuple[str, ...] = field(default=(), metadata=_help("Stop string (repeatable)."))
     ignore_eos: bool = field(
@@ -209,6 +220,9 @@ class GenerationSettings:
         if self.gamma == "auto":  # the controller's upper limit, and the switch that enables it
             object.__setattr__(self, "gamma", AUTO_GAMMA_MAX)
             object.__setattr__(self, "adaptive_gamma", True)
+        if self.chains_in_flight == "auto":
+            object.__setattr__(self, "chains_in_flight", MAX_CHAINS_IN_FLIGHT)
+            object.__setattr__(self, "adaptive_depth", True)
         for name, (ok, rule) in _RULES.items():
             value = getattr(self, name)
             if not ok(value):
