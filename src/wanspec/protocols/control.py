@@ -29,6 +29,10 @@ from wanspec.protocols.budget import ALPHA_MAX, ALPHA_MIN, PRIOR_ALPHA, Ewma
 # A run starts at the default γ and keeps it until the edge has seen this many verdicts: the
 # window and α of one chain are too noisy to act on.
 WARMUP_CHAINS = 2
+# Before any rejection the tree is assumed to miss this share of them (one pseudo-rejection): a
+# tree that fits its window mostly hits, and a pessimistic prior would shorten the chains
+# before the first lookups are in.
+PRIOR_MISS_SHARE = 0.2
 # With D chosen online, a run starts with `deepspec`'s default D.
 START_DEPTH = 2
 # The share of the measured window a candidate γ's tree may fill.
@@ -84,13 +88,15 @@ def verdict_gap(
 @dataclass(frozen=True)
 class Estimates:
     """What the edge has measured: per-token acceptance, the window (send to verdict), one tree
-    pass, one plain draft step, and the share of rejections the tree missed."""
+    pass, one plain draft step, the share of rejections the tree missed, and the cloud's time
+    per chain."""
 
     alpha: float
     window_s: float
     tree_pass_s: float
     draft_s: float
     miss_share: float
+    verify_s: float = 0.0  # the cloud's time per chain, which binds chains sent back to back
 
 
 def chain_seconds(gamma: int, est: Estimates, chains_in_flight: int = 1) -> float:
@@ -103,6 +109,7 @@ def chain_seconds(gamma: int, est: Estimates, chains_in_flight: int = 1) -> floa
         redraft_s=gamma * est.draft_s,
         miss_share=est.miss_share,
         chains_in_flight=chains_in_flight,
+        verify_s=est.verify_s,
     )
 
 
@@ -131,6 +138,8 @@ def best_setting(
     top = max(rates.values())
     best = min((s for s, r in rates.items() if r >= (1 - DEPTH_SLACK) * top),
                key=lambda s: (s[1], -rates[s], s[0]))  # fmt: skip
+    if current[0] not in fitting:  # its modelled rate assumes a tree it will not get
+        return best
     now = rates[current] if current in rates else modelled_rate(current[0], est, current[1])
     return best if rates[best] > (1 + switch_gain) * now else current
 
@@ -160,6 +169,7 @@ class ChainController:
     window: Ewma = field(init=False, default_factory=Ewma)
     tree_pass: Ewma = field(init=False, default_factory=Ewma)
     draft: Ewma = field(init=False, default_factory=Ewma)
+    verify_s: float | None = field(init=False, default=None)
     history: list[int] = field(init=False, default_factory=list)
     depth_history: list[int] = field(init=False, default_factory=list)
 
@@ -189,6 +199,12 @@ class ChainController:
         self.rejections += 1
         self.misses += int(not hit)
 
+    def observe_verdict_gap(self, seconds: float) -> None:
+        """The time between a verdict and the one before, for a chain sent before that one came:
+        never less than the cloud's time per chain, and equal to it when the chain waited at
+        the cloud, so the least seen bounds T_verify from above and soon meets it."""
+        self.verify_s = seconds if self.verify_s is None else min(self.verify_s, seconds)
+
     def observe_tree_pass(self, seconds: float) -> None:
         self.tree_pass.update(seconds)
 
@@ -200,8 +216,10 @@ class ChainController:
         window, tree, draft = self.window.value, self.tree_pass.value, self.draft.value
         if self.verdicts < WARMUP_CHAINS or None in (window, tree, draft):
             return None
-        miss_share = (self.misses + 1) / (self.rejections + 2)
-        return Estimates(self.alpha, window, tree, draft, miss_share)
+        miss_share = (self.misses + PRIOR_MISS_SHARE) / (self.rejections + 1)
+        # with no chain sent ahead yet, the cloud's time is bounded by the window alone
+        verify = window if self.verify_s is None else min(self.verify_s, window)
+        return Estimates(self.alpha, window, tree, draft, miss_share, verify)
 
     def next_gamma(self) -> int:
         """γ for the chain about to be drafted (recorded in `history`); it also sets `depth`,
@@ -209,7 +227,9 @@ class ChainController:
         est = self.estimates()
         if est is not None:
             gammas = range(1, self.gamma_max + 1) if self.adapt_gamma else [self.gamma]
-            depths = range(1, self.chains_in_flight + 1) if self.adapt_depth else [self.depth]
+            # D moves only once the cloud's time per chain is measured (from chains sent ahead)
+            free = self.adapt_depth and self.verify_s is not None
+            depths = range(1, self.chains_in_flight + 1) if free else [self.depth]
             self.gamma, self.depth = best_setting((self.gamma, self.depth), gammas, depths, est)
         self.history.append(self.gamma)
         self.depth_history.append(self.depth)

@@ -132,7 +132,6 @@ class InFlight:
     round: Round
     spec: Speculation
     alternatives: list[list[int]]  # per chain depth: what its tree branched on, best first
-    sent_at: float | None
 
 
 def _chain_of(branch: Branch, rnd: Round) -> Round:
@@ -170,7 +169,8 @@ class PipelineEdge(SpecEdge):
         self.spec: Speculation | None = None  # the tree of the chain awaiting its verdict
         self.most_in_flight = 1
         self.pending_key: tuple[int, int | None] | None = None  # what STALLED goes on with
-        self.sent_at: float | None = None
+        self.sent_at: float | None = None  # when the chain awaiting its verdict left, if alone
+        self.verdict_at: float | None = None  # when the last verdict came
         self.now: float | None = None
         self.alternatives: list[list[int]] = []  # per chain depth: candidate target ids, best first
         self.round_ctx: list[int] = []  # the draft context the current chain extends
@@ -350,7 +350,7 @@ class PipelineEdge(SpecEdge):
         alternatives = self._ranked(branch)
         offset = newest.offset + newest.nodes
         spec = self._plan_tree(rnd, alternatives, list(branch.nodes), base, offset)
-        self.ahead.append(InFlight(rnd, spec, alternatives, self.now))
+        self.ahead.append(InFlight(rnd, spec, alternatives))
         self.most_in_flight = max(self.most_in_flight, 1 + len(self.ahead))
         self.count("chains_sent_ahead")
         return [Send(self.draft_message(rnd)), self._tree_pass(spec)]
@@ -386,6 +386,11 @@ class PipelineEdge(SpecEdge):
         window = None if self.sent_at is None or self.now is None else self.now - self.sent_at
         if self.controller is not None:
             self.controller.observe_verdict(accepted, drafted, window)
+            if self.sent_at is None and None not in (self.now, self.verdict_at):
+                # a chain sent ahead: its verdict follows the one before by T_verify at least,
+                # and by exactly that when it waited at the cloud
+                self.controller.observe_verdict_gap(self.now - self.verdict_at)
+        self.verdict_at = self.now
         if self.planner is None:
             return
         if window is not None:
@@ -505,7 +510,9 @@ class PipelineEdge(SpecEdge):
         dropped = nxt.spec.offset  # the old tree's nodes left the pending tree
         for later in (nxt, *self.ahead):
             later.spec.shift(dropped)
-        self.round, self.spec, self.sent_at = nxt.round, nxt.spec, nxt.sent_at
+        # its window would include the wait behind the chains before it at the cloud: only a
+        # chain sent with none in flight measures RTT + T_verify
+        self.round, self.spec, self.sent_at = nxt.round, nxt.spec, None
         self.alternatives = nxt.alternatives
         self.enter(EdgeState.WAITING)
         return [keep, *self._send_ahead()]
