@@ -21,6 +21,7 @@ from wanspec.protocols.budget import (
     decay_factor,
     fit_power_law,
     geometric_shares,
+    hit_probability,
     largest_remainder,
     ranked_capture,
     residual_capture,
@@ -408,3 +409,31 @@ def test_planner_fits_the_mean_capture_curve():
     assert (planner.stats["c"], planner.stats["beta"]) == (c, beta)
     with pytest.raises(ValueError):
         planner.observe_capture(np.array([]))
+
+
+# ----------------------------------------------------------------------------- hit model
+
+
+def test_hit_probability_weighs_each_depth_by_where_rejections_land() -> None:
+    """α = ½: a rejection lands at depth 0, 1, 2 with weights 1, ½, ¼; F = 2, 1, 0 alternatives
+    there hold it with R(2) = ½, R(1) = ¼ and nothing."""
+    hit = hit_probability(0.5, [2, 1, 0], lambda f: f / 4)
+    assert hit == pytest.approx((0.5 + 0.5 * 0.25) / 1.75)
+    with pytest.raises(ValueError, match="depth"):
+        hit_probability(0.5, [], lambda f: 1.0)
+
+
+def test_the_planner_predicts_fewer_hits_for_longer_chains_at_one_budget() -> None:
+    planner = BranchPlanner(b_max=16)
+    assert planner.expected_hit(4) is None  # nothing captured yet
+    for _ in range(5):
+        planner.observe_round(3, 4)
+        planner.observe_capture(np.array([0.3, 0.55, 0.75, 0.9, 1.0]))
+    hits = [planner.expected_hit(g) for g in range(2, 9)]
+    assert all(h is not None for h in hits)
+    # non-increasing up to the rounding of the budget into whole alternatives
+    assert all(b <= a + 0.01 for a, b in itertools.pairwise(hits)) and hits[0] > hits[-1] + 0.1
+    assert planner.capture(3) == pytest.approx(0.75)  # the measured mean, not the fit
+    assert planner.expected_hit(4) == pytest.approx(
+        hit_probability(planner.alpha, planner.plan(4), planner.capture)
+    )

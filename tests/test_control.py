@@ -175,6 +175,22 @@ def test_a_chain_whose_tree_no_longer_fits_is_left_for_any_gain() -> None:
     assert best_setting((4, 1), range(1, 9), [1], est, switch_gain=10.0) == (3, 1)
 
 
+def test_the_hit_model_keeps_chains_short_when_long_trees_would_miss() -> None:
+    """At one budget a longer chain spreads its alternatives thinner: with the planner's hit
+    model each candidate γ pays its own tree's misses, not the ones measured at the current γ."""
+    plain = ChainController(start=4, gamma_max=8)
+    thin = ChainController(start=4, gamma_max=8, hit_model=lambda g: max(0.0, 1.1 - 0.15 * g))
+    for ctl in (plain, thin):
+        ctl.observe_tree_pass(0.01)
+        ctl.observe_draft(0.1)  # a miss costs a slow redraft
+        for _ in range(20):
+            ctl.observe_verdict(3, 4, 0.5)
+            ctl.observe_outcome(hit=True)
+    assert plain.estimates().miss(8) == pytest.approx(plain.estimates().miss_share)
+    assert thin.estimates().miss(8) == 1.0  # the model: no hit left at γ = 8
+    assert thin.next_gamma() < plain.next_gamma()
+
+
 def _measured(ctl: ChainController, window_s: float, verdicts: int) -> None:
     ctl.observe_tree_pass(0.01)
     ctl.observe_draft(0.01)

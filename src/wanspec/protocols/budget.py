@@ -119,6 +119,18 @@ def allocate_branches(
     raise ValueError(f"unknown allocation mode {mode!r}; expected one of {ALLOCATION_MODES}")
 
 
+def hit_probability(alpha: float, fanout: Sequence[int], capture: Callable[[int], float]) -> float:
+    """P(the tree holds a rejection's outcome): the chain is rejected at depth k with probability
+    ∝ α^k (k < γ), and the F_k alternatives branched there hold the outcome with probability
+    R(F_k), the residual mass the top F_k capture (R(0) = 0)."""
+    alpha = min(max(_check_real("alpha", alpha), ALPHA_MIN), ALPHA_MAX)
+    if not fanout:
+        raise ValueError("a tree has at least one depth")
+    weights = alpha ** np.arange(len(fanout), dtype=np.float64)
+    captured = [capture(f) if f > 0 else 0.0 for f in fanout]
+    return float(np.dot(weights, captured) / weights.sum())
+
+
 def tree_budget(
     b_max: int, window_s: float, tree_seconds: Callable[[int], float], gamma: int
 ) -> int:
@@ -323,12 +335,31 @@ class BranchPlanner:
             return self.b_max
         return tree_budget(self.b_max, self.window.value, self.tree_seconds, passes)
 
+    def capture(self, fanout: int) -> float:
+        """R(F): the mean captured mass measured at F alternatives, or the fitted power law past
+        the longest curve observed."""
+        if 1 <= fanout <= self._capture_sum.size:
+            return float(self._capture_sum[fanout - 1] / self._capture_count[fanout - 1])
+        c, beta = self._power_law
+        return min(max(1.0 - c * fanout ** (-beta), 0.0), 1.0)
+
+    def expected_hit(self, gamma: int) -> float | None:
+        """P(hit | rejection) of the tree `plan(γ)` would draft for a chain of γ, from the
+        captures observed so far (None before any: nothing to predict from)."""
+        if self._capture_sum.size == 0:
+            return None
+        return hit_probability(self.alpha, self._shape(gamma, gamma), self.capture)
+
+    def _shape(self, gamma: int, passes: int) -> list[int]:
+        return allocate_branches(self.budget(passes) - 1, gamma, self.alpha, self._power_law[1],
+                                 self.mode)  # fmt: skip
+
     def plan(self, gamma: int, passes: int | None = None) -> list[int]:
         """F_0..F_{γ−1} for the next tree over a chain of γ, summing to B* − 1 (the tree drafts
         `passes` passes, γ unless the next chain's length differs); records them in `stats`."""
         budget = self.budget(gamma if passes is None else passes)
         c, beta = self._power_law
-        shape = allocate_branches(budget - 1, gamma, self.alpha, beta, self.mode)
+        shape = self._shape(gamma, gamma if passes is None else passes)
         self.stats = {
             "budget": budget,
             "F": shape,

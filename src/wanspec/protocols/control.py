@@ -21,7 +21,7 @@ position (SPEC's Randomness clause), so a seed gives the same tokens at every γ
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from wanspec.protocols.budget import ALPHA_MAX, ALPHA_MIN, PRIOR_ALPHA, Ewma
@@ -97,6 +97,13 @@ class Estimates:
     draft_s: float
     miss_share: float
     verify_s: float = 0.0  # the cloud's time per chain, which binds chains sent back to back
+    # per γ, the miss share the tree of that length is predicted to have (else `miss_share`)
+    miss_by_gamma: Mapping[int, float] | None = None
+
+    def miss(self, gamma: int) -> float:
+        if self.miss_by_gamma is None or gamma not in self.miss_by_gamma:
+            return self.miss_share
+        return self.miss_by_gamma[gamma]
 
 
 def chain_seconds(gamma: int, est: Estimates, chains_in_flight: int = 1) -> float:
@@ -107,7 +114,7 @@ def chain_seconds(gamma: int, est: Estimates, chains_in_flight: int = 1) -> floa
         window_s=est.window_s,
         tree_s=gamma * est.tree_pass_s,
         redraft_s=gamma * est.draft_s,
-        miss_share=est.miss_share,
+        miss_share=est.miss(gamma),
         chains_in_flight=chains_in_flight,
         verify_s=est.verify_s,
     )
@@ -152,13 +159,16 @@ class ChainController:
     `observe_draft(s)` per compute; `observe_outcome(hit)` per rejection looked up in the tree.
     Until the estimates exist (`WARMUP_CHAINS` verdicts, one tree pass and one draft) it keeps
     `start` and `START_DEPTH`. `adapt_gamma` False holds γ at `start`; `chains_in_flight` is D,
-    or D's upper limit when `adapt_depth`."""
+    or D's upper limit when `adapt_depth`. With a `hit_model` each candidate γ gets the miss
+    share its own tree is predicted to have; without one (or before it knows), the measured."""
 
     start: int
     gamma_max: int
     chains_in_flight: int = 1
     adapt_gamma: bool = True
     adapt_depth: bool = False
+    # P(hit | rejection) of the tree for a chain of γ, or None while unknown (the planner's)
+    hit_model: Callable[[int], float | None] | None = None
     gamma: int = field(init=False)
     depth: int = field(init=False)
     verdicts: int = field(init=False, default=0)
@@ -219,7 +229,15 @@ class ChainController:
         miss_share = (self.misses + PRIOR_MISS_SHARE) / (self.rejections + 1)
         # with no chain sent ahead yet, the cloud's time is bounded by the window alone
         verify = window if self.verify_s is None else min(self.verify_s, window)
-        return Estimates(self.alpha, window, tree, draft, miss_share, verify)
+        return Estimates(self.alpha, window, tree, draft, miss_share, verify, self._misses())
+
+    def _misses(self) -> dict[int, float] | None:
+        """The hit model's miss share per candidate γ: a longer chain spreads the same budget
+        over more depths, so its tree misses more often than the one measured."""
+        if self.hit_model is None:
+            return None
+        hits = {g: self.hit_model(g) for g in range(1, self.gamma_max + 1)}
+        return {g: 1.0 - h for g, h in hits.items() if h is not None} or None
 
     def next_gamma(self) -> int:
         """γ for the chain about to be drafted (recorded in `history`); it also sets `depth`,

@@ -129,6 +129,7 @@ def make_edge(
                 chains_in_flight=depth,
                 adapt_gamma=settings.adaptive_gamma,
                 adapt_depth=settings.adaptive_depth,
+                hit_model=None if planner is None else planner.expected_hit,
             )
             if settings.adaptive_gamma or settings.adaptive_depth
             else None
