@@ -16,7 +16,7 @@ more chains in flight, may pass it.
 Pairs: every configuration runs the synthetic pair with i.i.d. per-token acceptance α = 0.8 and
 α = 0.6 (`synthetic_pair`, as `capacity`; plain sampling at T = 1, where its α is exact), prompt i
 with seed i: a cell costs about a second. tiny: 2 prompts × 16 tokens, γ ∈ {2, 4, 6}, each
-sweep's two ends, B_max 8; quick: 4 × 96, B_max 32; moderate: the four mini-math prompts × 36
+sweep's two ends, B_max 8; quick: 4 × 96, B_max 32; moderate: the four mini-math prompts × 64
 tokens, B_max 16; full: 16 GSM8K prompts × 256, B_max 64. Qwen2.5-Coder 0.5B → 1.5B is in none:
 at the 1.7 s of CPU per generated token and cell `acespec-bandwidth` took here, its 147 cells
 would take three days at 16 prompts × 64 tokens, five weeks at the full configuration's scale.
@@ -106,7 +106,7 @@ SETUPS: dict[str, LinkSetup] = {
     "quick": LinkSetup(alphas=(0.8, 0.6), prompts=4, max_new_tokens=96, tree_budget=32),
     # the product's default B_max: trees are most of a cell's CPU, and on the synthetic pair
     # tokens/s barely moves past 16 tips
-    "moderate": LinkSetup(alphas=(0.8, 0.6), prompts=4, max_new_tokens=36, tree_budget=16),
+    "moderate": LinkSetup(alphas=(0.8, 0.6), prompts=4, max_new_tokens=64, tree_budget=16),
     "full": LinkSetup(
         alphas=(0.8, 0.6), prompts=16, max_new_tokens=256, tree_budget=64, dataset="gsm8k"
     ),
