@@ -144,6 +144,11 @@ def test_bits_events_agree_with_the_protocol_counters(tiny_out: Path) -> None:
                 assert regions == events.rejections
             if method == "xcosd-e":
                 assert events.candidate_rounds >= events.rejections
+            if method == "xcosd-auto":
+                assert events.hr_rejections == stats.get("rejections_hr", 0)
+                by_srdv = stats.get("rejections_srdv", 0)
+                assert events.hr_rejections + by_srdv == events.rejections
+                assert events.candidate_rounds >= by_srdv
 
 
 def test_cycle_time_matches_the_stop_and_wait_formula(tiny_out: Path) -> None:
@@ -228,14 +233,14 @@ def test_experiment_resume_runs_only_the_cells_a_setting_touches(tiny_out: Path)
     folder = tiny_out / "xcosd-bits"
     before = len((folder / "results.jsonl").read_text().splitlines())
     again = run_experiment("xcosd-bits", TINY, tiny_out, progress=False)
-    assert (len(again.ran), len(again.skipped)) == (0, 7)
+    assert (len(again.ran), len(again.skipped)) == (0, 8)
     changed = run_experiment("xcosd-bits", TINY.with_overrides(srdv_k=2), tiny_out, progress=False)
-    assert len(changed.ran) == 1 and len(changed.skipped) == 6
+    assert len(changed.ran) == 2 and len(changed.skipped) == 6  # xcosd-e's and xcosd-auto's
     lines = (folder / "results.jsonl").read_text().splitlines()
-    assert len(lines) == before + 1
-    new = json.loads(lines[-1])
-    assert new["settings"]["method"] == "xcosd-e"
-    assert new["settings"]["generation"]["srdv_k"] == 2
+    assert len(lines) == before + 2
+    new = [json.loads(line) for line in lines[-2:]]
+    assert {n["settings"]["method"] for n in new} == {"xcosd-e", "xcosd-auto"}
+    assert all(n["settings"]["generation"]["srdv_k"] == 2 for n in new)
 
 
 # ============================================================================ paper accounting
@@ -244,7 +249,10 @@ def test_experiment_resume_runs_only_the_cells_a_setting_touches(tiny_out: Path)
 def test_paper_accounting_formulas_on_a_hand_counted_case() -> None:
     """|V| = 1000 → 10-bit ids; γ = 2 → 2-bit accept length; 10 rounds, 4 rejections."""
     vocab = Vocab(target=1000, draft=500, common=300)
-    events = Events(rounds=10, rejections=4, o_tokens=1, candidate_rounds=5, fallbacks=1, skipped=6)
+    events = Events(
+        rounds=10, rejections=4, o_tokens=1, hr_rejections=2, candidate_rounds=5, fallbacks=1,
+        skipped=6,
+    )  # fmt: skip
     options = {"tr_k": 8, "srdv_k": 4}
     expected = {  # uplink, downlink: worked out by hand from the module's formulas
         "naive": (520, 20 + 60 + 64000),
@@ -254,6 +262,7 @@ def test_paper_accounting_formulas_on_a_hand_counted_case() -> None:
         "uhlm": (200 + 14 * 8000, 120),
         "xcosd": (520, 80 + 4 * 4816 + 10),
         "xcosd-e": (520, 80 + 5 * 4 * 26 + 4816 + 10),
+        "xcosd-auto": (520, 80 + 2 * 4816 + 5 * 4 * 26 + 4816 + 10),  # 2 by HR, 2 by SR-DV
     }
     for method, bits in expected.items():
         assert paper_bits(method, events, vocab, 2, options) == bits, method

@@ -33,8 +33,8 @@ from wanspec.sampling import (
 from worlds import PROMPT_IDS, World
 
 LOSSLESS = [name for name, m in METHODS.items() if m.lossless]
-# lossless methods that ship q
-SHIPS_Q = ["naive", "cosd", "xcosd", "picospec", "acespec", "deepspec"]
+# lossless methods that ship q (xcosd-auto in its HR rounds, which its warm-up always has)
+SHIPS_Q = ["naive", "cosd", "xcosd", "xcosd-auto", "picospec", "acespec", "deepspec"]
 
 # ----------------------------------------------------------------------------- primitives
 

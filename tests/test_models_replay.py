@@ -96,7 +96,9 @@ CASES = [
 def test_a_run_with_reuse_equals_a_fresh_run(pairs, kind: str, method: str, temperature: float):
     """Run at one link with a store, then at another with the same store: the second run equals
     a run without the store. A method whose jobs do not depend on timing computes nothing the
-    second time; the pipelines draft by the clock, leave the stored path and catch up."""
+    second time; the pipelines draft by the clock, leave the stored path and catch up; xcosd-auto
+    picks its rounds' mechanisms by the clock, so it replays at least up to the first round the
+    two links decide differently."""
     pair, store = pairs[kind], JobReplay()
     first = _run(pair, method, FAST, store, temperature=temperature)
     _same(first, _run(pair, method, FAST, temperature=temperature))
@@ -108,6 +110,8 @@ def test_a_run_with_reuse_equals_a_fresh_run(pairs, kind: str, method: str, temp
     replayed = store.passes_replayed
     if METHODS[method].family == "pipeline":
         assert run > 0 and replayed > 0 and store.passes_caught_up > 0
+    elif METHODS[method].tokens_follow_timing:
+        assert replayed > 0
     else:
         assert run == 0 and replayed == stored["passes_run"]
     _consistent(store)
@@ -295,7 +299,7 @@ def test_a_sweep_with_reuse_writes_the_results_of_one_without(home, tmp_path: Pa
 
     reused, run = results("reuse")
     fresh, fresh_run = results("fresh")
-    assert reused == fresh and len(reused) == 16
+    assert reused == fresh and len(reused) == 18
     assert with_reuse.reuse is not None
     assert run["passes_replayed"] == with_reuse.reuse["passes_replayed"] > 0
     assert run["passes_run"] == with_reuse.reuse["passes_run"] > 0

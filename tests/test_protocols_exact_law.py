@@ -31,10 +31,11 @@ import pytest
 from exact_rng import ScriptedRng, exact_law
 from wanspec.models.synthetic import SyntheticSpec
 from wanspec.protocols import pipeline, speculative, stream
+from wanspec.protocols.resample_choice import Mechanism, MechanismChooser
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sampling import hybrid_bins, pick, proposal, round_probs, target_probs
 from wanspec.sampling.logits import TorchLogitRows
-from worlds import PROMPT_IDS, World
+from worlds import PROMPT_IDS, FixedLaw, World
 
 TOLERANCE = 1e-9  # float64 sums of the floats the machines drew with; any planted bug is > 1e-6
 # one token, one draft; SR-DV with one candidate and one round unless a test says otherwise (each
@@ -82,6 +83,23 @@ def small_hetero_world() -> World:
         world,
         SyntheticSpec(0.6, world.alignment.target_width, seed=1, target_support=3, draft_extra=2),
         SyntheticSpec(0.6, world.alignment.draft_width, seed=65, target_support=2, draft_extra=2),
+    )
+
+
+@pytest.fixture(scope="module")
+def overdrafted_hetero_world() -> World:
+    """Different tokenizers, each model one law after every context: the target 1:1:3 on 'a',
+    'b' (in C) and 'ĠĠ' (in O); the draft 4:1 on 'a' and 'c' (in C), so it over-proposes 'a'
+    and the acceptance odds q(a)/p̃(a) < 1 depend on whether the cloud decides with q or with
+    the q̂ it ships (in small_hetero_world the one shared token has p̃ < q: accepted surely)."""
+    world = World(shared=False)
+    align = world.alignment
+    a, b, c, o = 65, 66, 67, 286
+    assert align.in_common[[a, b, c]].all() and align.llm_only[o]
+    to_draft = {t: int(align.target_to_draft[t]) for t in (a, c)}
+    return world.with_models(
+        FixedLaw(0.0, align.target_width, law=((a, 0.2), (b, 0.2), (o, 0.6))),
+        FixedLaw(0.0, align.draft_width, law=((to_draft[a], 0.8), (to_draft[c], 0.2))),
     )
 
 
@@ -159,11 +177,8 @@ def test_methods_that_ship_q_draw_the_rounded_q_exactly(
     _assert_law(scripted(skewed_world, method), q_hat)
 
 
-@pytest.mark.parametrize("piggyback", [True, False])
-def test_hybrid_resampling_draws_rounded_c_and_theta_o_spread_by_q(
-    small_hetero_world: World, scripted, piggyback: bool
-) -> None:
-    world = small_hetero_world
+def _hybrid_law(world: World) -> np.ndarray:
+    """HR's first-token law: q̂ rounded on C, plus θ̂_o spread by the float q on O."""
     q, p = _first_position(world)
     alignment = world.alignment
     common = alignment.in_common
@@ -174,7 +189,66 @@ def test_hybrid_resampling_draws_rounded_c_and_theta_o_spread_by_q(
     assert rounded.probs[-1] > 0.05 and o_mass.sum() > 0  # region O is really in play
     expected += rounded.probs[-1] * o_mass / o_mass.sum()
     assert np.any((p > 0) & (q > 0))  # the draft shares a token with q: acceptance in play
+    assert np.abs(expected - q).max() > 1e-7  # and the law is not the float q's
+    return expected
+
+
+HETERO_WORLDS = ["small_hetero_world", "overdrafted_hetero_world"]
+
+
+@pytest.mark.parametrize("world_name", HETERO_WORLDS)
+@pytest.mark.parametrize("piggyback", [True, False])
+def test_hybrid_resampling_draws_rounded_c_and_theta_o_spread_by_q(
+    request: pytest.FixtureRequest, scripted, world_name: str, piggyback: bool
+) -> None:
+    world = request.getfixturevalue(world_name)
+    expected = _hybrid_law(world)  # before the scripted runs: it drafts a token
     _assert_law(scripted(world, "xcosd", hr_piggyback=piggyback), expected)
+
+
+class _Forced(MechanismChooser):
+    """xcosd-auto's chooser pinned to one mechanism, so its law can be enumerated."""
+
+    def __init__(self, mechanism: Mechanism) -> None:
+        super().__init__()
+        self.mechanism = mechanism
+
+    def choose(self) -> Mechanism:
+        return self.mechanism
+
+
+@pytest.mark.parametrize("world_name", HETERO_WORLDS)
+@pytest.mark.parametrize("piggyback", [True, False])
+def test_xcosd_auto_forced_to_hr_draws_hybrid_resamplings_law(
+    request: pytest.FixtureRequest,
+    scripted,
+    monkeypatch: pytest.MonkeyPatch,
+    world_name: str,
+    piggyback: bool,
+) -> None:
+    """An HR round of xcosd-auto is decided by both sides with q̂ on C, as xcosd's: a cloud that
+    accepted with the float q (SR-DV's) while the edge resamples from q̂ would move the law."""
+    monkeypatch.setattr(speculative, "MechanismChooser", lambda: _Forced(Mechanism.HR))
+    world = request.getfixturevalue(world_name)
+    expected = _hybrid_law(world)
+    _assert_law(scripted(world, "xcosd-auto", hr_piggyback=piggyback), expected)
+
+
+@pytest.mark.parametrize("world_name", HETERO_WORLDS)
+@pytest.mark.parametrize("srdv", [{}, {"srdv_k": 1, "srdv_m": 2}, {"srdv_k": 2, "srdv_m": 1}])
+def test_xcosd_auto_forced_to_srdv_draws_q_exactly(
+    request: pytest.FixtureRequest,
+    scripted,
+    monkeypatch: pytest.MonkeyPatch,
+    world_name: str,
+    srdv: dict,
+) -> None:
+    """An SR-DV round is decided with the float q throughout: a cloud that accepted with HR's
+    q̂ would move the law off q."""
+    monkeypatch.setattr(speculative, "MechanismChooser", lambda: _Forced(Mechanism.SRDV))
+    world = request.getfixturevalue(world_name)
+    q, _ = _first_position(world)
+    _assert_law(scripted(world, "xcosd-auto", **srdv), q / q.sum())
 
 
 def test_greedy_replacement_replaces_by_the_argmax_exactly(skewed_world: World, scripted) -> None:

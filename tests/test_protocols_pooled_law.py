@@ -29,7 +29,8 @@ import numpy as np
 import pytest
 from scipy.stats import chi2
 
-from wanspec.protocols import pipeline
+from wanspec.protocols import pipeline, speculative
+from wanspec.protocols.resample_choice import Mechanism, MechanismChooser
 from worlds import FixedLaw, World
 
 pytestmark = pytest.mark.statistical
@@ -214,6 +215,37 @@ def test_pooled_tokens_are_iid_q_on_skewed_pairs(worlds: dict[str, World], setti
     p_single, p_pairs = pooled_p_values(runs, q)
     assert p_single > ALPHA and p_pairs > ALPHA, (p_single, p_pairs)
     _check_paths(method, settings, paths, wanted)
+
+
+class _Alternating(MechanismChooser):
+    """xcosd-auto's chooser turning over every round: SR-DV, HR, SR-DV, … (a choice that
+    depends on the past only, as the measured one does), so one run mixes both mechanisms."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.rounds = 0
+
+    def choose(self) -> Mechanism:
+        self.rounds += 1
+        return Mechanism.SRDV if self.rounds % 2 else Mechanism.HR
+
+
+@pytest.mark.parametrize("gamma", [1, 2])
+def test_xcosd_auto_mixing_both_mechanisms_keeps_the_pooled_law(
+    worlds: dict[str, World], monkeypatch: pytest.MonkeyPatch, gamma: int
+) -> None:
+    """Rounds resolved by HR (O-samples asked for: no piggyback) and by SR-DV (one candidate in
+    one round, so fallbacks are common) follow each other in every run: a round's acceptance
+    decided with the other mechanism's q, or a follow-up answered by the wrong one, moves the
+    frequencies or ends the run."""
+    monkeypatch.setattr(speculative, "MechanismChooser", _Alternating)
+    settings = {"gamma": gamma, "srdv_k": 1, "srdv_m": 1, "hr_piggyback": False}
+    runs, paths = pooled_runs(worlds["hetero"], "xcosd-auto", 60, **settings)
+    p_single, p_pairs = pooled_p_values(runs, HETERO_Q)
+    assert p_single > ALPHA and p_pairs > ALPHA, (p_single, p_pairs)
+    _check_paths("xcosd-auto", settings, paths, ("fallback", "o_request"))
+    assert paths["rejections_hr"] > 50 and paths["rejections_srdv"] > 50, paths
+    assert paths["hr_region_C"] > 0 and paths["srdv_candidate_rounds"] > 0
 
 
 def _reuse_the_rejected_tokens_stream(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -165,7 +165,8 @@ def drafts(draw: st.DrawFn) -> Draft:
     probs = draw(st.lists(COUNT, min_size=n, max_size=n)) if draw(st.booleans()) else []
     committed = draw(st.lists(TOKEN_ID, max_size=3))
     base = draw(st.integers(0, 2**40))
-    return Draft(draw(st.integers(0, 2**63 - 1)), base, committed, tokens, probs)
+    srdv = draw(st.booleans())
+    return Draft(draw(st.integers(0, 2**63 - 1)), base, committed, tokens, probs, srdv)
 
 
 @st.composite
@@ -237,6 +238,7 @@ EXAMPLES = [
     Draft(0, 0, (), (17, 300, 20000, 151_935), (65535, 1200, 3, 40000)),
     Draft(5, 33, (9,), (1, 2, 3), ()),
     Draft(7, 2**40, (4, 5), (), ()),
+    Draft(8, 3, (), (17, 300), (65535, 9), srdv=True),
     DraftWithDists(1, 7, (), (1, 2), (30000, 65535), 4, (0, 1), (
         Dist.from_dense(np.array([30000, 35535, 0, 0])), Dist(4, [2], [65535]))),
     HiddenStates(3, np.arange(12, dtype=np.float32).reshape(3, 4) / 7),
@@ -289,7 +291,7 @@ def test_generated_messages_round_trip(msg: object) -> None:
 def test_draft_cost_formula(tokens: list[int], rnd: int) -> None:
     msg = Draft(rnd, rnd // 3, (), tokens, [1] * len(tokens))
     ids = sum(vlen(t) for t in tokens)
-    payload = vlen(rnd) + vlen(rnd // 3) + vlen(len(tokens) << 2 | 1) + ids + 2 * len(tokens)
+    payload = vlen(rnd) + vlen(rnd // 3) + vlen(len(tokens) << 3 | 1) + ids + 2 * len(tokens)
     assert bits(msg) == 8 * (header_size(payload) + payload)
 
 
@@ -297,6 +299,35 @@ def test_draft_of_four_tokens_is_a_few_bytes() -> None:
     msg = Draft(12, 40, (), (151_000, 42, 9000, 100_000), (65535, 1, 300, 20000))
     # header 3 + round 1 + base 1 + count|flags 1 + ids 3+1+2+3 + probs 8
     assert len(encode(msg)) == 23
+
+
+@pytest.mark.parametrize("n", [1, 4, 15, 16, 64])
+def test_the_srdv_flag_rides_under_the_token_count(n: int) -> None:
+    """The flag costs no byte: a Draft with it is as long as one without, and the three flag
+    bits under the count make the count's varint one byte longer only from 16 tokens on."""
+    tokens, probs = tuple(range(n)), (7,) * n
+    plain = encode(Draft(3, 2, (), tokens, probs))
+    flagged = encode(Draft(3, 2, (), tokens, probs, srdv=True))
+    payload = 1 + 1 + vlen(n << 3) + n + 2 * n  # round, base, count|flags, ids, probs
+    assert len(flagged) == len(plain) == header_size(payload) + payload
+    assert vlen(n << 3) == (1 if n < 16 else 2)
+    assert decode(flagged).srdv is True and decode(plain).srdv is False
+    _, start, _ = parse_header(flagged)
+    assert flagged[start + 2] & 0x7F == (n << 3 | 5) & 0x7F  # probs | srdv under the count
+
+
+def test_a_draft_with_dists_carrying_the_srdv_flag_is_refused() -> None:
+    """Only a round's Draft names its mechanism; the same bit on a DraftWithDists is a malformed
+    frame, refused by name before any id is read."""
+    msg = DraftWithDists(1, 0, (), (2,), (), 4, (0,), (Dist(4, [2], [PROB_SCALE]),))
+    data = bytearray(encode(msg))
+    _, start, _ = parse_header(bytes(data))
+    assert data[start + 2] == 1 << 3  # round 1, base 0, one token, no flags
+    data[start + 2] |= 4
+    with pytest.raises(WireError, match="only a Draft carries it"):
+        decode(bytes(data))
+    with pytest.raises(TypeError):
+        DraftWithDists(1, 0, (), (2,), (), 4, (0,), (Dist(4, [2], [PROB_SCALE]),), srdv=True)
 
 
 def test_verify_result_with_bonus_is_small() -> None:

@@ -16,12 +16,14 @@ from the events the run records. Symbols:
     R          rounds = len(accepted_per_round)
     J          rejections = rounds whose accepted count is below γ
     O          `hr_region_O`: rejections resolved in the LLM-only region (an O token comes down)
+    H          rejections resolved by HR: `hr_region_C` + `hr_region_O` (xcosd-auto's HR rounds)
     Kr, F      `srdv_candidate_rounds`, `srdv_fallbacks` (X-CoSD-E)
     S          `uhlm_skipped` (U-HLM: draft tokens accepted unverified)
     k, K       `tr_k`, `srdv_k`
 
 Uplink per request
-    naive, gr, tr, xcosd, xcosd-e   R·γ·(b_id + b_p)                draft ids and their p(x)
+    naive, gr, tr, xcosd, xcosd-e,  R·γ·(b_id + b_p)                draft ids and their p(x)
+    xcosd-auto
     ul                              R·γ·(b_id + 16·|V_S|)           ids, every draft distribution
     uhlm                            R·γ·b_id + (R·γ − S)·16·|V_S|   distributions of uncertain
                                                                     tokens only
@@ -32,6 +34,9 @@ Downlink per request: R·b_n (accepted length) + (R − J)·b_id (bonus token), 
     xcosd          J·(16·|C| + b_p) + O·b_id   q over C and θ_o; an O token after an O choice
     xcosd-e        Kr·K·(b_id + b_p) + F·(16·|C| + b_p) + O·b_id
                    K candidates with q(y) per candidate round; HR after M failed rounds
+    xcosd-auto     H·(16·|C| + b_p) + Kr·K·(b_id + b_p) + F·(16·|C| + b_p) + O·b_id
+                   each rejected round charged by its own mechanism's formula (the edge's
+                   choice per round): xcosd's for the H resolved by HR, xcosd-e's for the rest
 Per generated token: the sum over a cell's prompts divided by the tokens they generated.
 Not charged: the session set-up (prompt, settings), one-bit requests (more candidates, the HR
 fallback, the O token), message framing. The O token is charged as one id; the paper sends its
@@ -46,7 +51,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PROB_BITS = 16
-ACCOUNTED_METHODS = ("naive", "ul", "gr", "tr", "uhlm", "xcosd", "xcosd-e")
+ACCOUNTED_METHODS = ("naive", "ul", "gr", "tr", "uhlm", "xcosd", "xcosd-e", "xcosd-auto")
 
 
 @dataclass(frozen=True)
@@ -69,6 +74,7 @@ class Events:
     rounds: int
     rejections: int
     o_tokens: int = 0
+    hr_rejections: int = 0
     candidate_rounds: int = 0
     fallbacks: int = 0
     skipped: int = 0
@@ -80,6 +86,7 @@ class Events:
             rounds=len(accepted),
             rejections=sum(a < gamma for a in accepted),
             o_tokens=int(stats.get("hr_region_O", 0)),
+            hr_rejections=int(stats.get("hr_region_C", 0)) + int(stats.get("hr_region_O", 0)),
             candidate_rounds=int(stats.get("srdv_candidate_rounds", 0)),
             fallbacks=int(stats.get("srdv_fallbacks", 0)),
             skipped=int(stats.get("uhlm_skipped", 0)),
@@ -116,7 +123,8 @@ def _at_rejections(method: str, e: Events, vocab: Vocab, options: Mapping[str, A
         return e.rejections * options["tr_k"] * (b_id + PROB_BITS)
     if method == "xcosd":
         return e.rejections * hr + e.o_tokens * b_id
-    if method == "xcosd-e":
+    if method in ("xcosd-e", "xcosd-auto"):
         candidates = e.candidate_rounds * options["srdv_k"] * (b_id + PROB_BITS)
-        return candidates + e.fallbacks * hr + e.o_tokens * b_id
+        by_hr = e.hr_rejections * hr if method == "xcosd-auto" else 0
+        return by_hr + candidates + e.fallbacks * hr + e.o_tokens * b_id
     return e.rejections * b_id  # ul, gr, uhlm: the cloud's token

@@ -38,6 +38,7 @@ MINI_QUALITY = ("mini-translation", "mini-summary", "mini-math", "mini-mcq")
 METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
     "xcosd": ("hr_piggyback",),
     "xcosd-e": ("srdv_k", "srdv_m"),
+    "xcosd-auto": ("hr_piggyback", "srdv_k", "srdv_m"),
     "acespec-x": ("srdv_k", "srdv_m"),
     "tr": ("tr_k",),
     "uhlm": ("uhlm_samples", "uhlm_eta_max", "uhlm_threshold"),

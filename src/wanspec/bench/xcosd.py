@@ -420,7 +420,8 @@ XCOSD_EXPERIMENTS = [
         "Throughput and per-token latency against the downlink rate (X-CoSD Figs.)",
         "Tokens per second and mean per-token latency (request time / tokens) of the same "
         "methods and the target alone (`ar`) as the downlink rate varies; uplink and RTT "
-        "fixed by the configuration. Speedup is against `ar` at the same rate.",
+        "fixed by the configuration. Speedup is against `ar` at the same rate. `xcosd-auto` "
+        "picks HR or SR-DV per round from what its rejected rounds cost on the link.",
         _rate_cells,
         run_generation_cell,
         _rate_table,

@@ -105,7 +105,9 @@ class ComputeDone:
 
 
 # Machines never read a clock; a driver may stamp events with its own, which a machine may use
-# for estimates that steer effort (AceSpec's tree budget), never for what it samples.
+# for estimates that steer effort (AceSpec's tree budget), never for what it samples; the one
+# exception, xcosd-auto, chooses between two exact mechanisms by it before a round is drafted
+# (each round's law stays exact; a seed's tokens then follow the timing).
 
 
 Event = Start | MessageReceived | ComputeDone

@@ -20,6 +20,9 @@ class MethodInfo:
     source: str = ""
     family: str = "speculative"  # speculative | pipeline | ar | split: which machines run it
     sends_ahead: bool = False  # a pipeline that sends the next chain before the verdict
+    # the driver's clock steers what the machines draw (each round's law stays exact), so a
+    # seed's tokens, messages and bits depend on the link's and the compute's timing
+    tokens_follow_timing: bool = False
 
     @property
     def needs_draft(self) -> bool:
@@ -94,6 +97,16 @@ METHODS: dict[str, MethodInfo] = {
             spec.ServerResampleDeviceVerify,
             aliases=("srdv",),
             source="X-CoSD",
+        ),
+        MethodInfo(
+            "xcosd-auto",
+            True,
+            "X-CoSD choosing per round between HR (as xcosd) and SR-DV (as xcosd-e) from the "
+            "measured link: the edge times its rejected rounds and keeps the cheaper mechanism; "
+            "its tokens for a seed follow that timing",
+            spec.AdaptiveResampling,
+            source="X-CoSD",
+            tokens_follow_timing=True,
         ),
         MethodInfo(
             "gr",

@@ -43,9 +43,7 @@ from wanspec.jobs import KeepTreePath, LogitRows, TreeForward
 from wanspec.protocols.base import (
     Action,
     Compute,
-    ComputeDone,
     Event,
-    MessageReceived,
     ProtocolError,
     Purpose,
     Send,
@@ -171,16 +169,13 @@ class PipelineEdge(SpecEdge):
         self.pending_key: tuple[int, int | None] | None = None  # what STALLED goes on with
         self.sent_at: float | None = None  # when the chain awaiting its verdict left, if alone
         self.verdict_at: float | None = None  # when the last verdict came
-        self.now: float | None = None
         self.alternatives: list[list[int]] = []  # per chain depth: candidate target ids, best first
         self.round_ctx: list[int] = []  # the draft context the current chain extends
         self.rounds_log: list[dict[str, Any]] = []
 
-    # ---- clock stamps (for the budget only)
+    # ---- clock stamps (for the budget and the controller only)
     def handle(self, event: Event) -> list[Action]:
-        if isinstance(event, MessageReceived | ComputeDone) and event.at is not None:
-            self.now = event.at
-        actions = super().handle(event)
+        actions = super().handle(event)  # keeps the stamp in `now`
         for action in actions:
             if isinstance(action, Compute):
                 self.issued_at[action.label] = self.now

@@ -92,7 +92,7 @@ def make_edge(
     if info.shared_vocab_only and not alignment.is_identity:
         raise ValueError(
             f"method {info.name!r} needs a shared vocabulary, but the draft and target tokenizers "
-            "differ; use 'naive', 'xcosd' or 'xcosd-e' for a heterogeneous pair"
+            "differ; use 'naive', 'xcosd', 'xcosd-e' or 'xcosd-auto' for a heterogeneous pair"
         )
     common = dict(
         method=info.name,

@@ -11,6 +11,10 @@ exactly reported p̃, so it is exact with respect to q. A scheme that ships q to
 verifies, and both sides decide with that q̂, so it is exact with respect to q̂; the cloud sums
 TV(q, q̂) over those positions into the run's `tv_bound`.
 
+A method that chooses its mechanism per round (`AdaptiveResampling`: HR or SR-DV) hands each
+round to one member scheme (`for_round`), which both machines ask once per round, so acceptance,
+reply and follow-ups of a round all follow the one mechanism its Draft named.
+
 A hook draws what its method draws and returns what to do, as plain data; the machines apply it
 in one place. The edge's hook returns `Resolved` (commit) or `Ask` (send and wait), the cloud's
 the message to answer with.
@@ -120,6 +124,13 @@ class Scheme:
     skipped_counter: str | None = None
     # the reply types this method's cloud may send about a rejected position
     replies_at_rejection: tuple[type, ...] = (wire.VerifyResult,)
+    # the edge chooses per round how a rejection is resolved (`Draft.srdv`, `for_round`)
+    chooses_per_round = False
+
+    def for_round(self, srdv: bool) -> Scheme:
+        """The scheme that handles a round whose draft says `srdv`: this one, unless the method
+        chooses per round. The machines ask once per round and use its hooks for that round."""
+        return self
 
     # ---- edge
     def upload_positions(self, edge: SpecEdge, rnd: Round) -> list[int]:
@@ -360,6 +371,30 @@ class ServerResampleDeviceVerify(Scheme):
             return Ask(wire.CandidatesRequest(rnd.index, edge.settings.srdv_k), counts)
         message = rejected_dist_message(rnd, rnd.rejected_at, width)
         return Ask(message, counts=(*counts, "srdv_fallbacks"))
+
+
+class AdaptiveResampling(Scheme):
+    """X-CoSD with the mechanism chosen per round: HR (`Hybrid`) or SR-DV, as the round's draft
+    says. The choice must hold for the whole round on both sides, acceptance tests included: HR
+    decides with q̂ rounded on C, SR-DV with the float q. The edge makes it before drafting the
+    round, from earlier rounds' costs (`resample_choice`), so each round's law is exact."""
+
+    name = "auto-resample"
+    replies_at_rejection = (wire.VerifyResult, wire.OToken, wire.Candidates)
+    chooses_per_round = True
+
+    def __init__(self) -> None:
+        self.hr, self.srdv = Hybrid(), ServerResampleDeviceVerify()
+
+    def for_round(self, srdv: bool) -> Scheme:
+        return self.srdv if srdv else self.hr
+
+    def _unresolved(self, *args: Any) -> Any:
+        """A round's hooks are its mechanism's: a machine that skips `for_round` is a bug (the
+        base's round_target would silently decide an HR round with the float q)."""
+        raise RuntimeError(f"{self.name}: ask for_round(srdv) for the round's hooks")
+
+    round_target = decision_probs = cloud_reply = cloud_on_request = edge_on_reject = _unresolved
 
 
 class GreedyReplacement(Scheme):

@@ -24,8 +24,11 @@ from wanspec import wire
 from wanspec.jobs import LogitRows
 from wanspec.protocols.base import (
     Action,
+    ComputeDone,
     ErrorCode,
+    Event,
     Machine,
+    MessageReceived,
     ProtocolError,
     Purpose,
     Send,
@@ -33,6 +36,7 @@ from wanspec.protocols.base import (
 )
 from wanspec.protocols.cache import CacheMirror
 from wanspec.protocols.endpoints import EdgeMachine, TargetInfo
+from wanspec.protocols.resample_choice import Mechanism, MechanismChooser
 from wanspec.protocols.schemes import Ask, Decision, Resolved, Scheme, wire_dist
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sampling import Rounded, dequantize, pick, verify_chain
@@ -56,6 +60,8 @@ class Round:
     keys: list[int] = field(default_factory=list)  # per token: its draft stream's key (pipelines)
     rejected_at: int = 0
     replies: int = 0  # replies about the rejected position so far (the verdict's included)
+    srdv: bool = False  # a rejection is resolved by SR-DV, not HR (chosen before drafting)
+    sent_at: float | None = None  # the driver's clock when the draft went out, if it stamps one
 
 
 @dataclass
@@ -69,6 +75,7 @@ class Rejection:
     draft: np.ndarray | None = None  # p̃ there, when the edge uploaded it (UL, U-HLM)
     replies: int = 0  # answers sent about it so far (the verdict's included)
     resolved: bool = False  # the cloud gave its token (or O-sample): nothing more may be asked
+    srdv: bool = False  # the round's draft chose SR-DV (a method that chooses per round)
 
 
 # ============================================================================ the edge
@@ -104,10 +111,18 @@ class SpecEdge(EdgeMachine):
         scheme: Scheme,
         alignment: VocabAlignment,
         prompt_draft_ids: list[int],
+        chooser: MechanismChooser | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(EdgeState.OPENING_DRAFTING, **kwargs)
         self.scheme, self.alignment = scheme, alignment
+        if chooser is not None and not scheme.chooses_per_round:
+            raise ValueError(f"scheme {scheme.name!r} does not choose a mechanism per round")
+        # picks each round's mechanism, for a scheme that chooses per round
+        if chooser is None and scheme.chooses_per_round:
+            chooser = MechanismChooser()
+        self.chooser = chooser
+        self.now: float | None = None  # the driver's clock at the last event, if it stamps one
         self.rng = request_rng(self.settings.seed, "edge")
         # The draft may propose from any law it reports exactly; it leaves the repetition
         # penalty (which needs the target-side context) to the target's q.
@@ -124,6 +139,12 @@ class SpecEdge(EdgeMachine):
     def on_start(self) -> list[Action]:
         return [*self.hello(), *self._begin_round()]
 
+    def handle(self, event: Event) -> list[Action]:
+        """Keep the driver's clock stamp: the chooser is told what each rejected round took."""
+        if isinstance(event, MessageReceived | ComputeDone) and event.at is not None:
+            self.now = event.at
+        return super().handle(event)
+
     # ---- drafting
     def _begin_round(self) -> list[Action]:
         self.enter(EdgeState.DRAFTING)
@@ -132,8 +153,10 @@ class SpecEdge(EdgeMachine):
 
     def _open_round(self) -> Round:
         """The next round, numbered one past the last (the cloud's replies name it), starting
-        at the first output token not yet confirmed."""
-        self.round = Round(self._rounds, self.generated - len(self.pending_echo))
+        at the first output token not yet confirmed; a chooser fixes its mechanism here, before
+        any of its draws."""
+        srdv = self.chooser is not None and self.chooser.choose() is Mechanism.SRDV
+        self.round = Round(self._rounds, self.generated - len(self.pending_echo), srdv=srdv)
         self._rounds += 1
         return self.round
 
@@ -189,6 +212,7 @@ class SpecEdge(EdgeMachine):
 
     def _upload(self) -> list[Action]:
         msg = self.draft_message(self.round)
+        self.round.sent_at = self.now
         self.pending_echo = []
         self.enter(EdgeState.WAITING)
         return [Send(msg)]
@@ -201,8 +225,9 @@ class SpecEdge(EdgeMachine):
             if self.scheme.skipped_counter is not None:
                 self.count(self.scheme.skipped_counter, len(rnd.tokens) - len(positions))
             return self.dists_message(rnd, positions)
+        committed = tuple(self.pending_echo)
         return wire.Draft(
-            rnd.index, rnd.base, tuple(self.pending_echo), tuple(rnd.tokens), tuple(rnd.probs)
+            rnd.index, rnd.base, committed, tuple(rnd.tokens), tuple(rnd.probs), rnd.srdv
         )
 
     @staticmethod
@@ -240,14 +265,13 @@ class SpecEdge(EdgeMachine):
                 f"a follow-up verdict at position {msg.accepted}, but position {rnd.rejected_at} "
                 "was rejected"
             )
-        if not isinstance(msg, self.scheme.replies_at_rejection):
-            raise ProtocolError(
-                f"{self.scheme.name}: unexpected {type(msg).__name__} at a rejection"
-            )
+        scheme = self.scheme.for_round(rnd.srdv)
+        if not isinstance(msg, scheme.replies_at_rejection):
+            raise ProtocolError(f"{scheme.name}: unexpected {type(msg).__name__} at a rejection")
         self.state = EdgeState.RESOLVING
         rnd.replies += 1
         try:
-            decision = self.scheme.edge_on_reject(self, rnd, msg)
+            decision = scheme.edge_on_reject(self, rnd, msg)
         except ValueError as exc:  # the reply's numbers admit no valid draw
             raise ProtocolError(f"bad reply: {exc}") from exc
         return self._apply(rnd, decision)
@@ -269,6 +293,8 @@ class SpecEdge(EdgeMachine):
         """Commit accepted drafts plus the bonus/replacement token, then go on or stop."""
         if not 0 <= token < self.alignment.target_width:
             raise ProtocolError(f"token {token} is outside the target vocabulary")
+        if self.chooser is not None and accepted < len(rnd.tokens):
+            self._observe_rejection(rnd)
         self.accepted_per_round.append(accepted)
         new = [*rnd.tokens[:accepted], int(token)]
         self.generated += len(new)
@@ -280,6 +306,14 @@ class SpecEdge(EdgeMachine):
         for t in new:
             self._sync_draft_context(t)
         return [*actions, *self._begin_round()]
+
+    def _observe_rejection(self, rnd: Round) -> None:
+        """Tell the chooser what a rejected round cost: its draft's send to its resolution."""
+        assert self.chooser is not None
+        mechanism = Mechanism.SRDV if rnd.srdv else Mechanism.HR
+        seconds = None if rnd.sent_at is None or self.now is None else self.now - rnd.sent_at
+        self.chooser.observe(mechanism, seconds)
+        self.count(f"rejections_{mechanism}")
 
     def _sync_draft_context(self, token: int) -> None:
         """Spell a finalised target token in the draft's vocabulary. Bytes the draft vocabulary
@@ -368,7 +402,7 @@ class SpecCloud(Machine):
                 "already resolved"
             )
         try:
-            reply = self.scheme.cloud_on_request(self, rejection, msg)
+            reply = self.scheme.for_round(rejection.srdv).cloud_on_request(self, rejection, msg)
         except ValueError as exc:  # the request's numbers admit no valid draw
             raise ProtocolError(f"bad request: {exc}") from exc
         rejection.resolved = isinstance(reply, wire.OToken) or (
@@ -402,6 +436,8 @@ class SpecCloud(Machine):
         if not isinstance(msg, expected):
             kind = f"{expected.__name__}, not {type(msg).__name__}"
             raise _bad_draft(msg, f"this method's drafts travel as {kind}")
+        if _srdv(msg) and not self.scheme.chooses_per_round:
+            raise _bad_draft(msg, "it asks for SR-DV, but this method does not choose per round")
         gamma = self.settings.gamma
         if len(msg.tokens) > gamma:
             reason = f"{len(msg.tokens)} tokens, but the request's gamma is {gamma}"
@@ -436,6 +472,8 @@ class SpecCloud(Machine):
         msg, self.verifying = self.verifying, None
         assert msg is not None
         tokens = list(msg.tokens)
+        srdv = _srdv(msg)
+        scheme = self.scheme.for_round(srdv)  # the round's mechanism, from acceptance on
         context = [*self.prompt_ids, *self.output]
         # each row's q (and its rounding) is computed only when the decision reaches it: a
         # rejection at position j leaves the rows after j untouched
@@ -444,9 +482,9 @@ class SpecCloud(Machine):
             len(result),
             lambda i: result.target_probs(i, sampling, self.valid, [*context, *tokens[:i]]),
         )
-        rounded = LazyRows(len(tokens), lambda i: self.scheme.round_target(self, targets[i]))
+        rounded = LazyRows(len(tokens), lambda i: scheme.round_target(self, targets[i]))
         decide = LazyRows(
-            len(tokens), lambda i: self.scheme.decision_probs(self, targets[i], rounded[i])
+            len(tokens), lambda i: scheme.decision_probs(self, targets[i], rounded[i])
         )
         probs, unverified, dists = self._draft_side(msg, tokens)
         accepted = verify_chain(tokens, probs, decide, self.rng, unverified=unverified)
@@ -462,9 +500,14 @@ class SpecCloud(Machine):
             self.count("rejections")
             self.state = CloudState.REJECTED
             self.rejection = Rejection(
-                msg.round, accepted, targets[accepted], rounded[accepted], dists.get(accepted)
+                msg.round,
+                accepted,
+                targets[accepted],
+                rounded[accepted],
+                dists.get(accepted),
+                srdv=srdv,
             )
-            actions = self._answer(self.rejection, self.scheme.cloud_reply(self, self.rejection))
+            actions = self._answer(self.rejection, scheme.cloud_reply(self, self.rejection))
         return [*actions, *self._next_draft()]
 
     def _add_tv(self, rounded: list[Rounded | None]) -> None:
@@ -519,6 +562,11 @@ class LazyRows(Sequence[Any]):
 def _bad_draft(msg: Draft, reason: str, code: ErrorCode = ErrorCode.PROTOCOL) -> ProtocolError:
     """The error for a draft the cloud refuses, naming its round."""
     return ProtocolError(f"draft for round {msg.round}: {reason}", code)
+
+
+def _srdv(msg: Draft) -> bool:
+    """Whether a round's draft chose SR-DV (only a Draft carries the flag)."""
+    return isinstance(msg, wire.Draft) and msg.srdv
 
 
 def _count_of(dist: wire.Dist, token: int) -> int:

@@ -5,8 +5,9 @@ Frame = [0xA0 | WIRE_VERSION] [type] [varint payload length] [payload]. Payloads
 arrays); only control messages carry JSON (settings). Encodings are canonical: a frame that
 decodes re-encodes to the very same bytes.
 
-Version 3: a distribution carries its precision (16, 24 or 32 bits) and varint counts, theta_o
-is a varint at that precision, SR-DV candidates carry q(y) as float64.
+Version 4: a distribution carries its precision (16, 24 or 32 bits) and varint counts, theta_o
+is a varint at that precision, SR-DV candidates carry q(y) as float64, and a draft packs three
+flag bits under its token count (probs, committed, srdv), so a version-3 peer would misread it.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from wanspec.wire.messages import (
 )
 from wanspec.wire.validate import U63, settings_json, validate
 
-WIRE_VERSION = 3
+WIRE_VERSION = 4
 _MAGIC = 0xA0  # high nibble of the first byte; the low nibble is the version
 
 
@@ -257,14 +258,17 @@ def _dec_start(r: Reader, limits: Limits) -> StartRequest:
 
 
 # ----------------------------------------------------------------------------- uplink messages
-_PROBS, _COMMITTED = 1, 2  # flag bits packed under the token count
+_PROBS, _COMMITTED, _SRDV = 1, 2, 4  # flag bits packed under the token count
+_DRAFT_FLAG_BITS = 3
 
 
 def _enc_draft_head(w: Writer, m: Draft | DraftWithDists) -> None:
     flags = (_PROBS if m.probs else 0) | (_COMMITTED if m.committed else 0)
+    if isinstance(m, Draft) and m.srdv:
+        flags |= _SRDV
     w.varint(m.round)
     w.varint(m.base)
-    w.varint(len(m.tokens) << 2 | flags)
+    w.varint(len(m.tokens) << _DRAFT_FLAG_BITS | flags)
     _put_ids(w, m.tokens)
     if m.committed:
         w.varint(len(m.committed) - 1)
@@ -272,20 +276,24 @@ def _enc_draft_head(w: Writer, m: Draft | DraftWithDists) -> None:
 
 
 def _dec_draft_head(
-    r: Reader, limits: Limits
-) -> tuple[int, int, tuple[int, ...], tuple[int, ...], bool]:
-    """Round, base, tokens, committed and whether probs follow."""
+    r: Reader, limits: Limits, *, srdv_allowed: bool
+) -> tuple[int, int, tuple[int, ...], tuple[int, ...], bool, bool]:
+    """Round, base, tokens, committed, whether probs follow and the srdv flag (refused where
+    the message has none, before any id is read)."""
     rnd = r.varint("round", U63)
     base = r.varint("base", U63)
-    head = r.varint("token count", limits.max_tokens << 2 | 3)
-    n, flags = head >> 2, head & 3
+    mask = (1 << _DRAFT_FLAG_BITS) - 1
+    head = r.varint("token count", limits.max_tokens << _DRAFT_FLAG_BITS | mask)
+    n, flags = head >> _DRAFT_FLAG_BITS, head & mask
+    if flags & _SRDV and not srdv_allowed:
+        raise WireError("the srdv flag is set, but only a Draft carries it")
     r.need(n, "tokens")
     tokens = _get_ids(r, n, "tokens", limits)
     committed: tuple[int, ...] = ()
     if flags & _COMMITTED:
         nc = r.count("committed count", limits.max_tokens - 1, 1) + 1
         committed = _get_ids(r, nc, "committed", limits)
-    return rnd, base, tokens, committed, bool(flags & _PROBS)
+    return rnd, base, tokens, committed, bool(flags & _PROBS), bool(flags & _SRDV)
 
 
 def _get_probs(r: Reader, n: int) -> tuple[int, ...]:
@@ -300,9 +308,9 @@ def _enc_draft(w: Writer, m: Draft) -> None:
 
 
 def _dec_draft(r: Reader, limits: Limits) -> Draft:
-    rnd, base, tokens, committed, has_probs = _dec_draft_head(r, limits)
+    rnd, base, tokens, committed, has_probs, srdv = _dec_draft_head(r, limits, srdv_allowed=True)
     probs = _get_probs(r, len(tokens)) if has_probs else ()
-    return Draft(rnd, base, committed, tokens, probs)
+    return Draft(rnd, base, committed, tokens, probs, srdv)
 
 
 # A distribution in a DraftWithDists takes at least 6 bytes: its position's gap, the precision,
@@ -322,7 +330,7 @@ def _enc_draft_dists(w: Writer, m: DraftWithDists) -> None:
 
 
 def _dec_draft_dists(r: Reader, limits: Limits) -> DraftWithDists:
-    rnd, base, tokens, committed, has_probs = _dec_draft_head(r, limits)
+    rnd, base, tokens, committed, has_probs, _ = _dec_draft_head(r, limits, srdv_allowed=False)
     probs = _get_probs(r, len(tokens)) if has_probs else ()
     width = r.varint("width", min(limits.max_width, limits.id_bound))
     n = r.count("dist count", min(limits.max_dists, len(tokens)), _MIN_DIST_BYTES)

@@ -304,6 +304,9 @@ class Draft:
       exactly that prefix, so a cloud whose committed output differs knows the draft is stale.
     committed: ids the edge finalised since its last message (e.g. its own resample).
     tokens: drafted ids. probs: the count p_i(x_i) of each drafted token (empty: none sent).
+    srdv: a rejection in this round is resolved by SR-DV rather than the method's HR (a method
+      that chooses per round, `xcosd-auto`); the cloud needs it before it verifies, since HR
+      decides with the rounded q̂ and SR-DV with the float q.
     """
 
     round: int
@@ -311,6 +314,7 @@ class Draft:
     committed: tuple[int, ...] = ()
     tokens: tuple[int, ...] = ()
     probs: tuple[int, ...] = ()
+    srdv: bool = False
 
     def __post_init__(self) -> None:
         _set(self, "round", _index(self.round, "round"))
@@ -318,6 +322,7 @@ class Draft:
         _set(self, "committed", _ints(self.committed, "committed"))
         _set(self, "tokens", _ints(self.tokens, "tokens"))
         _set(self, "probs", _ints(self.probs, "probs"))
+        _set(self, "srdv", bool(self.srdv))
 
 
 @dataclass(frozen=True)
@@ -325,7 +330,9 @@ class DraftWithDists:
     """Edge → cloud (UL, U-HLM, SD's answer): a Draft plus full draft distributions p_i.
 
     dist_positions: strictly increasing indices into `tokens`; dists[k] is p at dist_positions[k],
-    a complete distribution over `width` ids (the target's index space).
+    a complete distribution over `width` ids (the target's index space). It has no `srdv` flag:
+    a round's mechanism is named by its Draft, and this message is never such a Draft (UL and
+    U-HLM choose nothing; SD's answer and SR-DV's fallback follow the round's verdict).
     """
 
     round: int
