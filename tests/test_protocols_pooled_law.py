@@ -178,6 +178,13 @@ SETTINGS = [
         {"gamma": 3, "tree_budget": 3, "tree_allocation": "single"},
         ALL_TREE,
     ),
+    (
+        "hetero",
+        "deepspec-x",
+        50,
+        {"gamma": 2, "tree_budget": 4, "srdv_k": 1, "srdv_m": 1},
+        (*AHEAD, "fallback"),
+    ),
 ]
 
 

@@ -519,7 +519,8 @@ def test_edges_that_cannot_run_are_refused_with_the_reason(
         _edge(hetero_world, "cosd")
     assert str(err.value) == (
         "method 'cosd' needs a shared vocabulary, but the draft and target tokenizers differ; "
-        "use 'naive', 'xcosd', 'xcosd-e' or 'xcosd-auto' for a heterogeneous pair"
+        "use 'naive', 'xcosd', 'xcosd-e' or 'xcosd-auto' for a heterogeneous pair "
+        "(or the pipelines 'acespec-x' and 'deepspec-x')"
     )
     with pytest.raises(ValueError) as err:
         _edge(shared_world, "split")

@@ -154,8 +154,9 @@ def test_bf16_invariant_hetero_pair_greedy_equals_target_generate() -> None:
     """In bf16 a verification pass and a one-token decode pick different argmaxes by default;
     in invariant mode they cannot, so greedy text equals transformers' own `generate` on the
     same bf16 target: checked for a verifying method (xcosd) and a pipeline whose drafts come
-    from tree passes (acespec-x). The property is the target's; the 0.5B target keeps it cheap
-    (bf16 matmuls are emulated on CPUs without AVX-512 BF16)."""
+    from tree passes (acespec-x, and deepspec-x with chains sent ahead). The property is the
+    target's; the 0.5B target keeps it cheap (bf16 matmuls are emulated on CPUs without AVX-512
+    BF16)."""
     pair = wanspec.load_pair(
         target="qwen2.5-coder-0.5b", draft="smollm2-135m", dtype=torch.bfloat16, invariant=True
     )
@@ -166,7 +167,7 @@ def test_bf16_invariant_hetero_pair_greedy_equals_target_generate() -> None:
             ids, max_new_tokens=12, do_sample=False, attention_mask=torch.ones_like(ids)
         )[0, ids.shape[1] :].tolist()
     store = JobReplay()
-    for method in ("xcosd", "acespec-x"):
+    for method in ("xcosd", "acespec-x", "deepspec-x"):
         res = wanspec.generate(
             pair,
             prompt,

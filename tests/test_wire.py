@@ -165,8 +165,8 @@ def drafts(draw: st.DrawFn) -> Draft:
     probs = draw(st.lists(COUNT, min_size=n, max_size=n)) if draw(st.booleans()) else []
     committed = draw(st.lists(TOKEN_ID, max_size=3))
     base = draw(st.integers(0, 2**40))
-    srdv = draw(st.booleans())
-    return Draft(draw(st.integers(0, 2**63 - 1)), base, committed, tokens, probs, srdv)
+    srdv, ahead = draw(st.booleans()), draw(st.booleans())
+    return Draft(draw(st.integers(0, 2**63 - 1)), base, committed, tokens, probs, srdv, ahead)
 
 
 @st.composite
@@ -239,6 +239,8 @@ EXAMPLES = [
     Draft(5, 33, (9,), (1, 2, 3), ()),
     Draft(7, 2**40, (4, 5), (), ()),
     Draft(8, 3, (), (17, 300), (65535, 9), srdv=True),
+    Draft(9, 5, (), (17, 300), (65535, 9), ahead=True),
+    Draft(10, 5, (), (17,), (), srdv=True, ahead=True),
     DraftWithDists(1, 7, (), (1, 2), (30000, 65535), 4, (0, 1), (
         Dist.from_dense(np.array([30000, 35535, 0, 0])), Dist(4, [2], [65535]))),
     HiddenStates(3, np.arange(12, dtype=np.float32).reshape(3, 4) / 7),
@@ -291,7 +293,7 @@ def test_generated_messages_round_trip(msg: object) -> None:
 def test_draft_cost_formula(tokens: list[int], rnd: int) -> None:
     msg = Draft(rnd, rnd // 3, (), tokens, [1] * len(tokens))
     ids = sum(vlen(t) for t in tokens)
-    payload = vlen(rnd) + vlen(rnd // 3) + vlen(len(tokens) << 3 | 1) + ids + 2 * len(tokens)
+    payload = vlen(rnd) + vlen(rnd // 3) + vlen(len(tokens) << 4 | 1) + ids + 2 * len(tokens)
     assert bits(msg) == 8 * (header_size(payload) + payload)
 
 
@@ -301,33 +303,35 @@ def test_draft_of_four_tokens_is_a_few_bytes() -> None:
     assert len(encode(msg)) == 23
 
 
-@pytest.mark.parametrize("n", [1, 4, 15, 16, 64])
-def test_the_srdv_flag_rides_under_the_token_count(n: int) -> None:
-    """The flag costs no byte: a Draft with it is as long as one without, and the three flag
-    bits under the count make the count's varint one byte longer only from 16 tokens on."""
+@pytest.mark.parametrize("n", [1, 4, 7, 8, 64])
+@pytest.mark.parametrize(("flag", "bit"), [("srdv", 4), ("ahead", 8)])
+def test_the_draft_only_flags_ride_under_the_token_count(n: int, flag: str, bit: int) -> None:
+    """A flag costs no byte: a Draft with it is as long as one without, and the four flag bits
+    under the count make the count's varint one byte longer from 8 tokens on."""
     tokens, probs = tuple(range(n)), (7,) * n
     plain = encode(Draft(3, 2, (), tokens, probs))
-    flagged = encode(Draft(3, 2, (), tokens, probs, srdv=True))
-    payload = 1 + 1 + vlen(n << 3) + n + 2 * n  # round, base, count|flags, ids, probs
+    flagged = encode(Draft(3, 2, (), tokens, probs, **{flag: True}))
+    payload = 1 + 1 + vlen(n << 4) + n + 2 * n  # round, base, count|flags, ids, probs
     assert len(flagged) == len(plain) == header_size(payload) + payload
-    assert vlen(n << 3) == (1 if n < 16 else 2)
-    assert decode(flagged).srdv is True and decode(plain).srdv is False
+    assert vlen(n << 4) == (1 if n < 8 else 2)
+    assert getattr(decode(flagged), flag) is True and getattr(decode(plain), flag) is False
     _, start, _ = parse_header(flagged)
-    assert flagged[start + 2] & 0x7F == (n << 3 | 5) & 0x7F  # probs | srdv under the count
+    assert flagged[start + 2] & 0x7F == (n << 4 | 1 | bit) & 0x7F  # probs | flag under the count
 
 
-def test_a_draft_with_dists_carrying_the_srdv_flag_is_refused() -> None:
-    """Only a round's Draft names its mechanism; the same bit on a DraftWithDists is a malformed
-    frame, refused by name before any id is read."""
+@pytest.mark.parametrize(("flag", "bit"), [("srdv", 4), ("ahead", 8)])
+def test_a_draft_with_dists_carrying_a_draft_only_flag_is_refused(flag: str, bit: int) -> None:
+    """Only a round's Draft names its mechanism or says it was sent ahead; the same bit on a
+    DraftWithDists is a malformed frame, refused by name before any id is read."""
     msg = DraftWithDists(1, 0, (), (2,), (), 4, (0,), (Dist(4, [2], [PROB_SCALE]),))
     data = bytearray(encode(msg))
     _, start, _ = parse_header(bytes(data))
-    assert data[start + 2] == 1 << 3  # round 1, base 0, one token, no flags
-    data[start + 2] |= 4
-    with pytest.raises(WireError, match="only a Draft carries it"):
+    assert data[start + 2] == 1 << 4  # round 1, base 0, one token, no flags
+    data[start + 2] |= bit
+    with pytest.raises(WireError, match=f"the {flag} flag is set, but only a Draft carries it"):
         decode(bytes(data))
     with pytest.raises(TypeError):
-        DraftWithDists(1, 0, (), (2,), (), 4, (0,), (Dist(4, [2], [PROB_SCALE]),), srdv=True)
+        DraftWithDists(1, 0, (), (2,), (), 4, (0,), (Dist(4, [2], [PROB_SCALE]),), **{flag: True})
 
 
 def test_verify_result_with_bonus_is_small() -> None:

@@ -60,7 +60,7 @@ FULL = {
     Auth: Auth("tok"),
     Resume: Resume("s1", 2, 3, (300, 70_000)),
     Resumed: Resumed(4),
-    Draft: Draft(1, 2, (3, 300), (4, 500), (100, 200), srdv=True),
+    Draft: Draft(1, 2, (3, 300), (4, 500), (100, 200), srdv=True, ahead=True),
     DraftWithDists: DraftWithDists(
         1, 2, (3, 300), (4, 500), (100, 200), 4, (0, 1),
         (Dist.from_dense(np.array([30_000, 35_535, 0, 0])), Dist(4, [2], [65_535])),
@@ -248,7 +248,7 @@ def _example(cls: type) -> object:
 
 def test_the_field_lists_cover_every_numeric_field() -> None:
     """Counted by hand from messages.py, so a field whose annotation changes is not skipped."""
-    assert len(SCALARS) == 26 and len(ID_TUPLES) == 9 and len(FLAGS) == 4
+    assert len(SCALARS) == 26 and len(ID_TUPLES) == 9 and len(FLAGS) == 5
 
 
 @pytest.mark.parametrize(("cls", "name"), SCALARS, ids=_named)
@@ -460,7 +460,7 @@ def test_the_widest_values_each_rule_allows_travel() -> None:
     ("msg", "declared", "error"),
     [
         (Tokens((1, 2, 3)), 1000 << 1, "truncated ids: needs 1000 bytes, 3 left"),
-        (Draft(0, 0, (), (1, 2, 3)), 1000 << 3, "truncated tokens: needs 1000 bytes, 3 left"),
+        (Draft(0, 0, (), (1, 2, 3)), 1000 << 4, "truncated tokens: needs 1000 bytes, 3 left"),
     ],
 )
 def test_a_count_past_the_payload_fails_before_any_id_is_read(

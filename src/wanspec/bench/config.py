@@ -40,6 +40,7 @@ METHOD_OPTIONS: dict[str, tuple[str, ...]] = {
     "xcosd-e": ("srdv_k", "srdv_m"),
     "xcosd-auto": ("hr_piggyback", "srdv_k", "srdv_m"),
     "acespec-x": ("srdv_k", "srdv_m"),
+    "deepspec-x": ("srdv_k", "srdv_m"),
     "tr": ("tr_k",),
     "uhlm": ("uhlm_samples", "uhlm_eta_max", "uhlm_threshold"),
 }

@@ -1,8 +1,8 @@
-"""What the experiments that run the pipelines (picospec, acespec, deepspec, acespec-x) share:
-one cell under a setup of models, link and sampling, the measures every pipeline table draws on
-(per-token α as AceSpec's planner counts it, hit rates, budgets), AceSpec's ideal-pipeline bound,
-and the line plot of a sweep. `bench.acespec` and `bench.linksweep` both build on it, so neither
-experiment module imports the other.
+"""What the experiments that run the pipelines (picospec, acespec, deepspec, acespec-x,
+deepspec-x) share: one cell under a setup of models, link and sampling, the measures every
+pipeline table draws on (per-token α as AceSpec's planner counts it, hit rates, budgets),
+AceSpec's ideal-pipeline bound, and the line plot of a sweep. `bench.acespec` and
+`bench.linksweep` both build on it, so neither experiment module imports the other.
 """
 
 from __future__ import annotations
@@ -28,7 +28,12 @@ from wanspec.bench.runner import Cell
 if TYPE_CHECKING:
     from wanspec.bench.stats import Interval
 
-TREE_METHODS = ("acespec", "deepspec", "acespec-x")  # the methods that take tree_* settings
+TREE_METHODS = (
+    "acespec",
+    "deepspec",
+    "acespec-x",
+    "deepspec-x",
+)  # the methods that take tree_* settings
 
 
 @dataclass(frozen=True)

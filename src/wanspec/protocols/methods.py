@@ -172,6 +172,18 @@ METHODS: dict[str, MethodInfo] = {
             source="wanspec (in neither paper)",
             family="pipeline",
         ),
+        MethodInfo(
+            "deepspec-x",
+            True,
+            "AceSpec-X with two chains in flight: the drafted continuation goes to the cloud "
+            "before the verdict, marked as sent ahead, so a chain accepted whole is followed at "
+            "once; a rejection (or SR-DV's fallback on the cloud) makes it stale and falls back "
+            "on the tree cache",
+            spec.ServerResampleDeviceVerify,
+            source="wanspec (in neither paper)",
+            family="pipeline",
+            sends_ahead=True,
+        ),
     ]
 }
 

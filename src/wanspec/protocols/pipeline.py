@@ -1,4 +1,5 @@
-"""Asynchronous pipelines: PicoSpec, AceSpec, and AceSpec across vocabularies (`acespec-x`).
+"""Asynchronous pipelines: PicoSpec, AceSpec, and AceSpec across vocabularies (`acespec-x`),
+each of the last two also with chains in flight (`deepspec`, `deepspec-x`).
 
 One main chain is in flight at a time, as in AceSpec's Algorithm 1. While the cloud verifies it,
 the edge drafts ahead instead of idling:
@@ -13,15 +14,18 @@ once (its KV entries kept behind the verified prefix, the rest dropped); a miss 
 and redrafts. At full acceptance the cloud samples no bonus token: the continuation's first token
 is verified at that position instead, which is the same law and gives the papers' E[L].
 
-`deepspec` keeps a second chain in flight: once the tree's passes are done and the verdict is
-still out, the edge sends the continuation right away as the next chain, assuming the one in
-flight will be accepted whole. The cloud verifies it the moment that chain is accepted whole,
-so the round trip is hidden; after a rejection its base no longer matches the cloud's output and
-the cloud drops it as stale, and the tree lookup goes on as in AceSpec. That staleness test by
-base alone is sound because the edge resolves every rejection here (the cloud never appends a
-token of its own, which could make a stale chain's base match). A chain sent ahead is the very
-chain AceSpec would send after that verdict, so a seed gives AceSpec's tokens; only the time
-differs.
+`deepspec` keeps a second chain in flight (`deepspec-x` likewise for `acespec-x`): once the
+tree's passes are done and the verdict is still out, the edge sends the continuation right away
+as the next chain, marked `ahead` (it assumes the one in flight will be accepted whole). The
+cloud verifies it the moment that chain is accepted whole, so the round trip is hidden; after a
+rejection the cloud drops it as stale, and the tree lookup goes on as in AceSpec. Its base alone
+cannot tell: in `deepspec-x` SR-DV's fallback is drawn on the cloud, which appends that token,
+so after a rejection at a chain's last position the cloud's output is exactly as long as the
+base of the chain sent ahead, which assumed the drafted token there. So the cloud verifies a
+chain marked `ahead` only if the round before it was the last it verified and was accepted
+whole with nothing of its own appended (`SpecCloud._current`). A chain sent ahead is the very
+chain AceSpec (AceSpec-X) would send after that verdict, so a seed gives its tokens; only the
+time differs.
 
 Draft tokens are sampled with a random stream keyed by (seed, output position), so a token
 drafted inside the tree is exactly the token a redraft would give there: the cache only saves
@@ -141,7 +145,8 @@ def _chain_of(branch: Branch, rnd: Round) -> Round:
 
 
 class PipelineEdge(SpecEdge):
-    """The edge of `picospec`, `acespec` and `acespec-x` (see the module docstring).
+    """The edge of `picospec`, `acespec`, `deepspec`, `acespec-x` and `deepspec-x` (see the
+    module docstring).
 
     STALLED: a verdict hit a branch whose passes are not all drafted; the edge waits for its own
     tree passes (the cloud has nothing in flight for it), then goes on with `pending_key`."""
@@ -331,7 +336,8 @@ class PipelineEdge(SpecEdge):
         """Send the newest tree's continuation as the next chain before the verdicts on the
         chains in flight (`deepspec`, up to `chains_in_flight` of them), and draft its tree at
         once, hanging from that continuation. Its base is where the cloud's output stands if
-        every chain before it is accepted whole."""
+        every chain before it is accepted whole, and it is marked `ahead`: the cloud verifies it
+        only after the chain before it was accepted whole."""
         newest = self._drafting
         if not self.send_ahead or newest is None or not newest.drafted:
             return []
@@ -340,7 +346,7 @@ class PipelineEdge(SpecEdge):
         full = 1 + len(self.ahead) >= self.chains_in_flight
         if full or branch is None or base >= self.settings.max_new_tokens:
             return []
-        rnd = _chain_of(branch, Round(self._rounds, base))
+        rnd = _chain_of(branch, Round(self._rounds, base, ahead=True))
         self._rounds += 1
         alternatives = self._ranked(branch)
         offset = newest.offset + newest.nodes

@@ -81,18 +81,20 @@ def make_edge(
     info = get_method(method)
     if settings.adaptive_gamma and info.family != "pipeline":
         raise ValueError(
-            f"gamma 'auto' needs a pipeline method (picospec, acespec, deepspec, acespec-x), whose "
+            f"gamma 'auto' needs a pipeline method ({_names(family='pipeline')}), whose "
             f"tokens do not depend on γ; {info.name!r} would change its tokens with every choice"
         )
     if settings.adaptive_depth and not info.sends_ahead:
         raise ValueError(
-            f"chains_in_flight 'auto' needs a method that sends chains ahead (deepspec); "
+            f"chains_in_flight 'auto' needs a method that sends chains ahead "
+            f"({_names(sends_ahead=True)}); "
             f"{info.name!r} keeps one chain in flight"
         )
     if info.shared_vocab_only and not alignment.is_identity:
         raise ValueError(
             f"method {info.name!r} needs a shared vocabulary, but the draft and target tokenizers "
-            "differ; use 'naive', 'xcosd', 'xcosd-e' or 'xcosd-auto' for a heterogeneous pair"
+            "differ; use 'naive', 'xcosd', 'xcosd-e' or 'xcosd-auto' for a heterogeneous pair "
+            "(or the pipelines 'acespec-x' and 'deepspec-x')"
         )
     common = dict(
         method=info.name,
@@ -138,6 +140,14 @@ def make_edge(
             planner=planner, send_ahead=info.sends_ahead, controller=controller, **drafting
         )
     return SpecEdge(**drafting)
+
+
+def _names(**fields: Any) -> str:
+    """The methods whose `MethodInfo` has these field values, by name, in the table's order."""
+    chosen = [
+        m.name for m in METHODS.values() if all(getattr(m, k) == v for k, v in fields.items())
+    ]
+    return ", ".join(chosen)
 
 
 def _planner(

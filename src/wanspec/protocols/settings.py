@@ -141,7 +141,8 @@ class GenerationSettings:
         default=2,
         metadata={
             **_help(
-                "deepspec: chains in flight at once (D), the one awaiting its verdict included; "
+                "deepspec, deepspec-x: chains in flight at once (D), the one awaiting its verdict "
+                "included; "
                 f"'auto': chosen per chain from the measured link, up to {MAX_CHAINS_IN_FLIGHT}."
             ),
             "auto": True,
@@ -154,7 +155,8 @@ class GenerationSettings:
     adaptive_depth: bool = field(
         default=False,
         metadata=_help(
-            "deepspec: choose D per chain online, with `chains_in_flight` as its upper limit."
+            "deepspec, deepspec-x: choose D per chain online, with `chains_in_flight` as its "
+            "upper limit."
         ),
     )
     stop: tuple[str, ...] = field(default=(), metadata=_help("Stop string (repeatable)."))

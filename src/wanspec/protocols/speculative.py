@@ -61,6 +61,7 @@ class Round:
     rejected_at: int = 0
     replies: int = 0  # replies about the rejected position so far (the verdict's included)
     srdv: bool = False  # a rejection is resolved by SR-DV, not HR (chosen before drafting)
+    ahead: bool = False  # sent before the verdict on the round before it (`Draft.ahead`)
     sent_at: float | None = None  # the driver's clock when the draft went out, if it stamps one
 
 
@@ -227,7 +228,13 @@ class SpecEdge(EdgeMachine):
             return self.dists_message(rnd, positions)
         committed = tuple(self.pending_echo)
         return wire.Draft(
-            rnd.index, rnd.base, committed, tuple(rnd.tokens), tuple(rnd.probs), rnd.srdv
+            rnd.index,
+            rnd.base,
+            committed,
+            tuple(rnd.tokens),
+            tuple(rnd.probs),
+            rnd.srdv,
+            rnd.ahead,
         )
 
     @staticmethod
@@ -340,7 +347,10 @@ _DRAFTS = (wire.Draft, wire.DraftWithDists)
 
 class SpecCloud(Machine):
     """Prefill on request, verify each draft against the committed output in one pass, answer
-    per scheme. A draft that does not extend the committed output is stale: dropped, counted.
+    per scheme. A draft that does not extend the committed output is stale: dropped, counted. So
+    is a chain sent ahead (`Draft.ahead`) unless the last round verified is the one before it and
+    was accepted whole with no token of the cloud's own appended: its base alone could match an
+    output the cloud extended with a token of its own (SR-DV's fallback at the last position).
 
     A draft is checked when it arrives, queued or not, so a malformed one ends the session at
     once with an error naming its round; what depends on the output so far (staleness, the
@@ -376,6 +386,9 @@ class SpecCloud(Machine):
         self.inbox: list[Draft] = []
         self.verifying: Draft | None = None
         self.rejection: Rejection | None = None
+        # the last round verified, and whether it was accepted whole with nothing of the
+        # cloud's own appended (what a chain sent ahead assumes of the round before it)
+        self.last_verified: tuple[int, bool] | None = None
 
     def on_start(self) -> list[Action]:
         self.counters.setdefault("tv_bound", 0.0)
@@ -416,7 +429,7 @@ class SpecCloud(Machine):
         try:
             while self.inbox and self.state != CloudState.VERIFYING:
                 msg = self.inbox.pop(0)
-                if msg.base != len(self.output):
+                if not self._current(msg):
                     self.count("stale_drafts")
                     continue
                 self._check_room(msg)
@@ -430,6 +443,15 @@ class SpecCloud(Machine):
             return self.fail(exc)
         return []
 
+    def _current(self, msg: Draft) -> bool:
+        """Whether a draft extends the output as it stands: its base is the output's length and,
+        for a chain sent ahead, the round before it was the last verified, accepted whole."""
+        if msg.base != len(self.output):
+            return False
+        if isinstance(msg, wire.Draft) and msg.ahead:
+            return self.last_verified == (msg.round - 1, True)
+        return True
+
     def _check_draft(self, msg: Draft) -> None:
         """Refuse, on arrival, a draft this cloud could never verify."""
         expected = wire.DraftWithDists if self.scheme.uploads_dists else wire.Draft
@@ -438,6 +460,11 @@ class SpecCloud(Machine):
             raise _bad_draft(msg, f"this method's drafts travel as {kind}")
         if _srdv(msg) and not self.scheme.chooses_per_round:
             raise _bad_draft(msg, "it asks for SR-DV, but this method does not choose per round")
+        if isinstance(msg, wire.Draft) and msg.ahead and (msg.committed or msg.round == 0):
+            # it continues the round before it, accepted whole: it commits nothing, and round 0
+            # has no round before it
+            reason = "committed tokens" if msg.committed else "no round before it"
+            raise _bad_draft(msg, f"it is sent ahead but has {reason}")
         gamma = self.settings.gamma
         if len(msg.tokens) > gamma:
             reason = f"{len(msg.tokens)} tokens, but the request's gamma is {gamma}"
@@ -491,6 +518,7 @@ class SpecCloud(Machine):
         self.output.extend(tokens[:accepted])
         self._add_tv([rounded[i] for i in range(min(accepted + 1, len(tokens)))])
         self.count("rounds")
+        self.last_verified = (msg.round, accepted == len(tokens) and not self.bonus)
         if accepted == len(tokens):
             self.rejection = None
             self.state = CloudState.IDLE

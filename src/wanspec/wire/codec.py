@@ -6,8 +6,9 @@ arrays); only control messages carry JSON (settings). Encodings are canonical: a
 decodes re-encodes to the very same bytes.
 
 Version 4: a distribution carries its precision (16, 24 or 32 bits) and varint counts, theta_o
-is a varint at that precision, SR-DV candidates carry q(y) as float64, and a draft packs three
-flag bits under its token count (probs, committed, srdv), so a version-3 peer would misread it.
+is a varint at that precision, SR-DV candidates carry q(y) as float64, and a draft packs four
+flag bits under its token count (probs, committed, srdv, ahead), so a version-3 peer would
+misread it.
 """
 
 from __future__ import annotations
@@ -258,14 +259,15 @@ def _dec_start(r: Reader, limits: Limits) -> StartRequest:
 
 
 # ----------------------------------------------------------------------------- uplink messages
-_PROBS, _COMMITTED, _SRDV = 1, 2, 4  # flag bits packed under the token count
-_DRAFT_FLAG_BITS = 3
+_PROBS, _COMMITTED, _SRDV, _AHEAD = 1, 2, 4, 8  # flag bits packed under the token count
+_DRAFT_FLAG_BITS = 4
+_DRAFT_ONLY = {_SRDV: "srdv", _AHEAD: "ahead"}  # the flags only a Draft carries
 
 
 def _enc_draft_head(w: Writer, m: Draft | DraftWithDists) -> None:
     flags = (_PROBS if m.probs else 0) | (_COMMITTED if m.committed else 0)
-    if isinstance(m, Draft) and m.srdv:
-        flags |= _SRDV
+    if isinstance(m, Draft):
+        flags |= (_SRDV if m.srdv else 0) | (_AHEAD if m.ahead else 0)
     w.varint(m.round)
     w.varint(m.base)
     w.varint(len(m.tokens) << _DRAFT_FLAG_BITS | flags)
@@ -276,24 +278,25 @@ def _enc_draft_head(w: Writer, m: Draft | DraftWithDists) -> None:
 
 
 def _dec_draft_head(
-    r: Reader, limits: Limits, *, srdv_allowed: bool
-) -> tuple[int, int, tuple[int, ...], tuple[int, ...], bool, bool]:
-    """Round, base, tokens, committed, whether probs follow and the srdv flag (refused where
-    the message has none, before any id is read)."""
+    r: Reader, limits: Limits, *, draft: bool
+) -> tuple[int, int, tuple[int, ...], tuple[int, ...], int]:
+    """Round, base, tokens, committed and the flag bits; the flags only a Draft carries (srdv,
+    ahead) are refused on any other message (`draft` False), before any id is read."""
     rnd = r.varint("round", U63)
     base = r.varint("base", U63)
     mask = (1 << _DRAFT_FLAG_BITS) - 1
     head = r.varint("token count", limits.max_tokens << _DRAFT_FLAG_BITS | mask)
     n, flags = head >> _DRAFT_FLAG_BITS, head & mask
-    if flags & _SRDV and not srdv_allowed:
-        raise WireError("the srdv flag is set, but only a Draft carries it")
+    for bit, name in _DRAFT_ONLY.items():
+        if flags & bit and not draft:
+            raise WireError(f"the {name} flag is set, but only a Draft carries it")
     r.need(n, "tokens")
     tokens = _get_ids(r, n, "tokens", limits)
     committed: tuple[int, ...] = ()
     if flags & _COMMITTED:
         nc = r.count("committed count", limits.max_tokens - 1, 1) + 1
         committed = _get_ids(r, nc, "committed", limits)
-    return rnd, base, tokens, committed, bool(flags & _PROBS), bool(flags & _SRDV)
+    return rnd, base, tokens, committed, flags
 
 
 def _get_probs(r: Reader, n: int) -> tuple[int, ...]:
@@ -308,9 +311,10 @@ def _enc_draft(w: Writer, m: Draft) -> None:
 
 
 def _dec_draft(r: Reader, limits: Limits) -> Draft:
-    rnd, base, tokens, committed, has_probs, srdv = _dec_draft_head(r, limits, srdv_allowed=True)
-    probs = _get_probs(r, len(tokens)) if has_probs else ()
-    return Draft(rnd, base, committed, tokens, probs, srdv)
+    rnd, base, tokens, committed, flags = _dec_draft_head(r, limits, draft=True)
+    probs = _get_probs(r, len(tokens)) if flags & _PROBS else ()
+    srdv, ahead = bool(flags & _SRDV), bool(flags & _AHEAD)
+    return Draft(rnd, base, committed, tokens, probs, srdv, ahead)
 
 
 # A distribution in a DraftWithDists takes at least 6 bytes: its position's gap, the precision,
@@ -330,8 +334,8 @@ def _enc_draft_dists(w: Writer, m: DraftWithDists) -> None:
 
 
 def _dec_draft_dists(r: Reader, limits: Limits) -> DraftWithDists:
-    rnd, base, tokens, committed, has_probs, _ = _dec_draft_head(r, limits, srdv_allowed=False)
-    probs = _get_probs(r, len(tokens)) if has_probs else ()
+    rnd, base, tokens, committed, flags = _dec_draft_head(r, limits, draft=False)
+    probs = _get_probs(r, len(tokens)) if flags & _PROBS else ()
     width = r.varint("width", min(limits.max_width, limits.id_bound))
     n = r.count("dist count", min(limits.max_dists, len(tokens)), _MIN_DIST_BYTES)
     positions = tuple(_get_increasing(r, n, "dist_positions", len(tokens)).tolist())

@@ -307,6 +307,10 @@ class Draft:
     srdv: a rejection in this round is resolved by SR-DV rather than the method's HR (a method
       that chooses per round, `xcosd-auto`); the cloud needs it before it verifies, since HR
       decides with the rounded q̂ and SR-DV with the float q.
+    ahead: this chain continues round `round − 1` as if that round were accepted whole (a chain
+      sent before the verdict on the one before it, `deepspec`, `deepspec-x`); the cloud verifies
+      it only if that round was accepted whole with nothing of its own appended, and otherwise
+      drops it as stale, whatever its base.
     """
 
     round: int
@@ -315,6 +319,7 @@ class Draft:
     tokens: tuple[int, ...] = ()
     probs: tuple[int, ...] = ()
     srdv: bool = False
+    ahead: bool = False
 
     def __post_init__(self) -> None:
         _set(self, "round", _index(self.round, "round"))
@@ -323,6 +328,7 @@ class Draft:
         _set(self, "tokens", _ints(self.tokens, "tokens"))
         _set(self, "probs", _ints(self.probs, "probs"))
         _set(self, "srdv", bool(self.srdv))
+        _set(self, "ahead", bool(self.ahead))
 
 
 @dataclass(frozen=True)
@@ -330,9 +336,10 @@ class DraftWithDists:
     """Edge → cloud (UL, U-HLM, SD's answer): a Draft plus full draft distributions p_i.
 
     dist_positions: strictly increasing indices into `tokens`; dists[k] is p at dist_positions[k],
-    a complete distribution over `width` ids (the target's index space). It has no `srdv` flag:
-    a round's mechanism is named by its Draft, and this message is never such a Draft (UL and
-    U-HLM choose nothing; SD's answer and SR-DV's fallback follow the round's verdict).
+    a complete distribution over `width` ids (the target's index space). It has no `srdv` or
+    `ahead` flag: a round's mechanism is named by its Draft, and this message is never such a
+    Draft (UL and U-HLM choose nothing and send nothing ahead; SD's answer and SR-DV's fallback
+    follow the round's verdict).
     """
 
     round: int
