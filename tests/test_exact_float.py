@@ -33,7 +33,7 @@ from wanspec.sampling import (
 from worlds import PROMPT_IDS, World
 
 LOSSLESS = [name for name, m in METHODS.items() if m.lossless]
-# lossless methods that ship q (xcosd-auto in its HR rounds, which its warm-up always has)
+# lossless methods that ship q (xcosd-auto in its HR rounds: it tries HR after 16 rejections)
 SHIPS_Q = ["naive", "cosd", "xcosd", "xcosd-auto", "picospec", "acespec", "deepspec"]
 
 # ----------------------------------------------------------------------------- primitives

@@ -1,19 +1,25 @@
 """Which X-CoSD mechanism resolves the next round's rejection: HR or SR-DV, from what each cost.
 
-HR ships q over the common vocabulary at every rejection (bandwidth); SR-DV ships K candidates
-and sometimes needs more round trips (latency). Which is cheaper depends on the link, so the
-edge measures: it feeds the chooser, once per rejected round, the mechanism that round used and
-the seconds from the round's draft leaving to its rejected position being resolved. A fully
-accepted round costs both the same and is not fed. A pure policy: no clock, no I/O.
+HR ships q over the common vocabulary at every rejection (bandwidth: its cost grows without
+bound as the link slows); SR-DV ships K candidates and sometimes needs more round trips
+(latency: at worst M more). Which is cheaper depends on the link, so the edge measures: it feeds
+the chooser, once per rejected round, the mechanism that round used and the seconds from the
+round's draft leaving to its rejected position being resolved. A fully accepted round costs
+both the same and is not fed. A pure policy: no clock, no I/O.
 
-- Warm-up: SR-DV for the first `trial` rejected rounds, then HR for as many; then the cheaper.
-- Then the incumbent's running mean (EWMA, `weight`) is compared with the other's; the other
-  takes over only when its mean is lower by more than `margin` (hysteresis against noise: an
-  SR-DV round costs one round trip or several, as its candidates fall).
-- Re-try: after `first_retry` rejected rounds of the incumbent the other is used for `trial`
-  rejected rounds, whose plain mean replaces its stale one; a re-try that does not win doubles
-  the wait before the next (8, 16, 32 …), so a costly mechanism is rarely re-tried while a link
-  that changes is still noticed; a switch resets the wait.
+- Start on `fallback` (SR-DV), whose worst case is bounded; nothing is tried blindly at first.
+- The incumbent's mean is an EWMA (`weight`) seeded by its first observation.
+- Exploration is budgeted in cost, not rounds. The other mechanism is tried once both
+  (a) the incumbent has had at least `gap` rejected rounds since the last trial (`gap` starts
+  at `first_retry`, doubles after a trial that does not win, resets after a switch), and
+  (b) the incumbent has spent at least `explore_ratio` × the trial's expected cost since the
+  last trial, the expected cost being `trials[other] × mean[other]` (0 while the other was
+  never measured, so the first trial waits on (a) alone). Time spent trying a much worse
+  mechanism is so about 1/(1 + explore_ratio) of the run at most, however slow the link.
+- A trial is `trials[m]` rejected rounds of the other mechanism m: HR 1 (its cost is steady and
+  may be huge), SR-DV 2 (one round trip or several: one sample misleads). Its plain mean
+  replaces the other's stale one; the other takes over only when that is lower than the
+  incumbent's mean by more than `margin` (hysteresis against noise).
 - Without clock stamps (a cost of None) there is nothing to compare: `fallback` for good.
 
 The choice for a round is made before the round is drafted and depends only on earlier rounds,
@@ -24,6 +30,7 @@ from __future__ import annotations
 
 import enum
 import math
+from collections.abc import Mapping
 
 
 class Mechanism(enum.StrEnum):
@@ -37,7 +44,7 @@ class Mechanism(enum.StrEnum):
         return Mechanism.SRDV if self is Mechanism.HR else Mechanism.HR
 
 
-WARMUP_ORDER = (Mechanism.SRDV, Mechanism.HR)
+TRIAL_ROUNDS = {Mechanism.HR: 1, Mechanism.SRDV: 2}
 
 
 class MechanismChooser:
@@ -46,39 +53,55 @@ class MechanismChooser:
     def __init__(
         self,
         *,
-        trial: int = 2,
+        trials: Mapping[Mechanism, int] | None = None,
         weight: float = 0.2,
         margin: float = 0.10,
-        first_retry: int = 8,
+        first_retry: int = 16,
+        explore_ratio: float = 4.0,
         fallback: Mechanism = Mechanism.SRDV,
     ) -> None:
-        if not (isinstance(trial, int) and trial >= 1):
-            raise ValueError(f"trial must be a positive integer, got {trial!r}")
+        trials = {Mechanism(m): n for m, n in (TRIAL_ROUNDS if trials is None else trials).items()}
+        if set(trials) != set(Mechanism) or not all(
+            isinstance(n, int) and not isinstance(n, bool) and n >= 1 for n in trials.values()
+        ):
+            raise ValueError(f"trials must give each mechanism a positive integer, got {trials!r}")
         if not (isinstance(weight, int | float) and 0.0 < weight <= 1.0):
             raise ValueError(f"weight must be in (0, 1], got {weight!r}")
         if not (isinstance(margin, int | float) and 0.0 <= margin < 1.0):
             raise ValueError(f"margin must be in [0, 1), got {margin!r}")
         if not (isinstance(first_retry, int) and first_retry >= 1):
             raise ValueError(f"first_retry must be a positive integer, got {first_retry!r}")
-        self.trial, self.weight, self.margin = trial, weight, margin
-        self.first_retry = first_retry
+        if not (
+            isinstance(explore_ratio, int | float)
+            and math.isfinite(explore_ratio)
+            and explore_ratio >= 0
+        ):
+            raise ValueError(f"explore_ratio must be finite and >= 0, got {explore_ratio!r}")
+        self.trials: dict[Mechanism, int] = trials
+        self.weight, self.margin = weight, margin
+        self.first_retry, self.explore_ratio = first_retry, explore_ratio
         self.fallback = Mechanism(fallback)
+        self.current = self.fallback  # the incumbent
         self.mean: dict[Mechanism, float] = {}
         self.seen = dict.fromkeys(Mechanism, 0)  # rejected rounds observed per mechanism
-        self.current: Mechanism | None = None  # the incumbent, once warmed up
-        self.gap = first_retry  # the incumbent's rejected rounds before the other is re-tried
-        self.since_retry = 0
-        self.retried: list[float] = []  # the costs of the re-try under way
+        self.gap = first_retry  # the incumbent's rejected rounds before the other is tried
+        self.since_trial = 0  # the incumbent's rejected rounds since the last trial
+        self.spent = 0.0  # and their summed cost
+        self.trying: list[float] = []  # the costs of the trial under way
         self.clockless = False
         self.switches = 0
+
+    def trial_cost(self) -> float:
+        """The expected cost of a trial of the other mechanism (0 before it was measured)."""
+        other = self.current.other
+        return self.trials[other] * self.mean.get(other, 0.0)
 
     def choose(self) -> Mechanism:
         """The mechanism for the next round."""
         if self.clockless:
             return self.fallback
-        if self.current is None:
-            return next(m for m in WARMUP_ORDER if self.seen[m] < self.trial)
-        if self.since_retry >= self.gap:
+        # a trial under way keeps both gates open: the incumbent's rounds and spend are frozen
+        if self.since_trial >= self.gap and self.spent >= self.explore_ratio * self.trial_cost():
             return self.current.other
         return self.current
 
@@ -97,26 +120,23 @@ class MechanismChooser:
         if self.clockless:
             return
         self.seen[mechanism] += 1
-        if self.current is None:  # warm-up: plain means
-            old, n = self.mean.get(mechanism, 0.0), self.seen[mechanism]
-            self.mean[mechanism] = old + (seconds - old) / n
-            if all(self.seen[m] >= self.trial for m in Mechanism):
-                self.current = min(WARMUP_ORDER, key=lambda m: self.mean[m])
-        elif mechanism is self.current:
-            self.mean[mechanism] += self.weight * (seconds - self.mean[mechanism])
-            self.since_retry += 1
+        if mechanism is self.current:
+            old = self.mean.get(mechanism)
+            self.mean[mechanism] = seconds if old is None else old + self.weight * (seconds - old)
+            self.since_trial += 1
+            self.spent += seconds
         else:
-            self._retried(mechanism, float(seconds))
+            self._tried(mechanism, float(seconds))
 
-    def _retried(self, mechanism: Mechanism, seconds: float) -> None:
-        """One rejected round of the re-tried mechanism; after `trial` of them, decide."""
-        assert self.current is not None
-        self.retried.append(seconds)
-        if len(self.retried) < self.trial:
+    def _tried(self, mechanism: Mechanism, seconds: float) -> None:
+        """One rejected round of the mechanism on trial; after `trials[mechanism]`, decide."""
+        self.trying.append(seconds)
+        if len(self.trying) < self.trials[mechanism]:
             return
-        self.mean[mechanism] = sum(self.retried) / len(self.retried)  # the old mean is stale
-        self.retried, self.since_retry = [], 0
-        if self.mean[mechanism] < (1.0 - self.margin) * self.mean[self.current]:
+        self.mean[mechanism] = sum(self.trying) / len(self.trying)  # the old mean is stale
+        self.trying, self.since_trial, self.spent = [], 0, 0.0
+        incumbent = self.mean.get(self.current)
+        if incumbent is not None and self.mean[mechanism] < (1.0 - self.margin) * incumbent:
             self.current, self.gap = mechanism, self.first_retry
             self.switches += 1
         else:
