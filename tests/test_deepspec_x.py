@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 
 from wanspec import wire
-from wanspec.models.jobs import session_executor
-from wanspec.protocols.base import Compute, ComputeDone, ErrorCode, Send, Start
+from wanspec.protocols.base import ComputeDone, ErrorCode
 from wanspec.sim import Link
 from worlds import PROMPT_IDS, FixedLaw, World, deliver, refusal
 
@@ -44,17 +43,8 @@ def skewed_world() -> World:
 
 
 def _cloud_ready(world: World, **settings: Any) -> tuple:
-    """A deepspec-x cloud past the handshake and the prefill, waiting for the first draft."""
-    edge, cloud = world.machines("deepspec-x", max_new_tokens=20, gamma=GAMMA, **settings)
-    actions = cloud.handle(Start())
-    for action in edge.handle(Start()):
-        if isinstance(action, Send):
-            actions += deliver(cloud, action.msg)
-    run = session_executor(world.target)
-    for action in actions:
-        if isinstance(action, Compute):
-            assert cloud.handle(ComputeDone(action.job_id, run(action.job))) == []
-    return cloud, run
+    """A deepspec-x cloud waiting for the first draft (`World.ready_cloud`)."""
+    return world.ready_cloud("deepspec-x", max_new_tokens=20, gamma=GAMMA, **settings)
 
 
 def _target_q(world: World, context: list[int]) -> np.ndarray:

@@ -121,17 +121,8 @@ def test_an_hr_round_refuses_candidates(hetero_world: World) -> None:
 
 
 def _cloud_ready(world: World, method: str = "xcosd-auto", **settings: Any) -> tuple:
-    """A cloud past the handshake and the prefill, waiting for the first draft."""
-    edge, cloud = world.machines(method, max_new_tokens=20, gamma=GAMMA, **settings)
-    actions = cloud.handle(Start())
-    for action in edge.handle(Start()):
-        if isinstance(action, Send):
-            actions += deliver(cloud, action.msg)
-    run = session_executor(world.target)
-    for action in actions:
-        if isinstance(action, Compute):
-            assert cloud.handle(ComputeDone(action.job_id, run(action.job))) == []
-    return cloud, run
+    """A cloud waiting for the first draft (`World.ready_cloud`)."""
+    return world.ready_cloud(method, max_new_tokens=20, gamma=GAMMA, **settings)
 
 
 def _rejected(world: World, srdv: bool, **settings: Any) -> tuple:

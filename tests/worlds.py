@@ -15,7 +15,15 @@ from wanspec import wire
 from wanspec.models.jobs import session_executor
 from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
 from wanspec.models.tiny import build_tokenizer
-from wanspec.protocols.base import ErrorCode, Finish, MessageReceived, Send
+from wanspec.protocols.base import (
+    Compute,
+    ComputeDone,
+    ErrorCode,
+    Finish,
+    MessageReceived,
+    Send,
+    Start,
+)
 from wanspec.protocols.endpoints import TargetInfo
 from wanspec.protocols.registry import build_machines, edge_model_for, target_info
 from wanspec.protocols.settings import GenerationSettings
@@ -86,6 +94,20 @@ class World:
             prompt=PROMPT,
             settings=GenerationSettings(**settings),
         )
+
+    def ready_cloud(self, method: str, **settings):
+        """A cloud past the handshake and the prefill, waiting for the first draft, and the
+        executor of its jobs (tests that hand it drafts one by one)."""
+        edge, cloud = self.machines(method, **settings)
+        actions = cloud.handle(Start())
+        for action in edge.handle(Start()):
+            if isinstance(action, Send):
+                actions += deliver(cloud, action.msg)
+        run = session_executor(self.target)
+        for action in actions:
+            if isinstance(action, Compute):
+                assert cloud.handle(ComputeDone(action.job_id, run(action.job))) == []
+        return cloud, run
 
     def run(
         self, method: str, link: Link | None = None, profile=FLAT_PROFILE, trace=False, **settings
