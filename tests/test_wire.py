@@ -22,6 +22,7 @@ from wanspec.wire import (
     Draft,
     DraftWithDists,
     Error,
+    FirstCandidates,
     FrameDecoder,
     FrameTooLarge,
     Hello,
@@ -214,6 +215,7 @@ MESSAGES = st.one_of(
     drafts(),
     drafts_with_dists(),
     hidden_states(),
+    st.builds(FirstCandidates, st.integers(1, 64)),
     verify_results(),
     st.builds(CandidatesRequest, st.integers(0, 99), st.integers(1, 64)),
     candidates_msgs(),
@@ -244,6 +246,7 @@ EXAMPLES = [
     DraftWithDists(1, 7, (), (1, 2), (30000, 65535), 4, (0, 1), (
         Dist.from_dense(np.array([30000, 35535, 0, 0])), Dist(4, [2], [65535]))),
     HiddenStates(3, np.arange(12, dtype=np.float32).reshape(3, 4) / 7),
+    FirstCandidates(8),
     VerifyResult(0, 4, token=1234),
     VerifyResult(1, 2, dist=Dist(V, [5, 77, 100_000], [100, 200, 65235])),
     VerifyResult(2, 0, dist=Dist(V, [5], [60000]), theta_o=5535, o_token=150_000,
@@ -418,6 +421,8 @@ BAD_MESSAGES = [
     VerifyResult(0, 0, dist=Dist(4, [1], [2**24 - 2], 24), theta_o=2),  # mass over 2^24 - 1
     VerifyResult(0, 5000),  # accepted over max_tokens
     CandidatesRequest(0, 0),
+    FirstCandidates(0),
+    FirstCandidates(1025),  # k over max_candidates
     HiddenStates(0, np.array([1.0, np.nan])),
     HiddenStates(0, np.zeros((0, 10**7))),  # a dim over the element limit
     HelloAck(1, "a", "b", {"gamma": (1, 2)}),  # tuple does not survive JSON
@@ -507,6 +512,10 @@ def test_non_canonical_encodings_are_rejected() -> None:
     assert decode(frame(33, b"\x03\x08")) == CandidatesRequest(3, 8) and good[3:] == b"\x03\x08"
     with pytest.raises(WireError, match="non-minimal"):
         decode(frame(33, b"\x83\x00\x08"))
+    good = encode(FirstCandidates(8))
+    assert decode(frame(19, b"\x08")) == FirstCandidates(8) and good[3:] == b"\x08"
+    with pytest.raises(WireError, match="non-minimal"):
+        decode(frame(19, b"\x88\x00"))
     one_hot = Dist(V, [7], [PROB_SCALE])  # sparse is smaller; a dense body is non-canonical
     dense_body = bytes([16, 0]) + bytes(7) + b"\xff\xff\x03" + bytes(V - 8)
     width = encode(VerifyResult(0, 0, dist=one_hot))[6:9]

@@ -25,6 +25,7 @@ from wanspec.wire import (
     Draft,
     DraftWithDists,
     Error,
+    FirstCandidates,
     Hello,
     HelloAck,
     HiddenStates,
@@ -66,6 +67,7 @@ FULL = {
         (Dist.from_dense(np.array([30_000, 35_535, 0, 0])), Dist(4, [2], [65_535])),
     ),
     HiddenStates: HiddenStates(1, np.ones((2, 3), np.float16)),
+    FirstCandidates: FirstCandidates(4),
     VerifyResult: VerifyResult(
         1, 2, token=3, dist=Dist(V, [70_000, 140_000], [1, 2]), theta_o=65_532,
         o_token=150_000, candidates=((9, 0.5), (300, 0.25)), pieces=((150_000, "x"),),
@@ -97,6 +99,7 @@ LAYOUT = {
                      "probs", "width", "dist count", "dists[1] precision",
                      "dists[1] tag", "dists[1]", "dists[1] counts"],
     HiddenStates: ["round", "hidden states ndim", "hidden states dim", "hidden states"],
+    FirstCandidates: ["k"],
     VerifyResult: ["round", "accepted", "flags", "token", "dist width", "dist precision",
                    "dist tag", "dist", "dist ids", "dist counts", "theta_o", "o_token",
                    "candidate count", "candidate probabilities", "piece count", "piece ids",
@@ -171,6 +174,7 @@ LIMIT_CASES = [
      "candidate count = 2 exceeds the limit 1"),
     (OToken(0, 120, "x"), SMALL_VOCAB, "token = 120 exceeds the limit 99"),
     (CandidatesRequest(0, 9), Limits(max_candidates=8), "k = 9 exceeds the limit 8"),
+    (FirstCandidates(9), Limits(max_candidates=8), "k = 9 exceeds the limit 8"),
     (DraftWithDists(0, 0, (), (1,), (), 120, (0,), (Dist(120, [1], [65_535]),)), SMALL_VOCAB,
      "width = 120 exceeds the limit 100"),
     (HiddenStates(0, np.ones((3, 2), np.float16)), Limits(max_hidden=2),
@@ -248,7 +252,7 @@ def _example(cls: type) -> object:
 
 def test_the_field_lists_cover_every_numeric_field() -> None:
     """Counted by hand from messages.py, so a field whose annotation changes is not skipped."""
-    assert len(SCALARS) == 26 and len(ID_TUPLES) == 9 and len(FLAGS) == 5
+    assert len(SCALARS) == 27 and len(ID_TUPLES) == 9 and len(FLAGS) == 5
 
 
 @pytest.mark.parametrize(("cls", "name"), SCALARS, ids=_named)
@@ -328,7 +332,7 @@ VALIDATE_LABEL = {(Error, "code"): "error code", (Error, "message"): "error mess
                   (Close, "reason"): "close reason", (VerifyResult, "token"): "token/o_token",
                   (VerifyResult, "o_token"): "token/o_token"}  # fmt: skip
 # a value each field's rule refuses: below zero, except where a negative number is valid
-OUT_OF_RANGE = {(Error, "code"): 1 << 62, (CandidatesRequest, "k"): 0}
+OUT_OF_RANGE = {(Error, "code"): 1 << 62, (CandidatesRequest, "k"): 0, (FirstCandidates, "k"): 0}
 
 
 def _refusal(msg: object, **fields: object) -> str:
@@ -406,6 +410,8 @@ REFUSALS = [
     (HiddenStates(0, np.float16(1.0)), "hidden states ndim = 0 outside [1, 4]"),
     (HiddenStates(0, np.array([1.0, np.inf])), "hidden states contain non-finite values"),
     (CandidatesRequest(0, 1025), "k = 1025 outside [1, 1024]"),
+    (FirstCandidates(1025), "k = 1025 outside [1, 1024]"),
+    (FirstCandidates(0), "k = 0 outside [1, 1024]"),
     (Resume("s", 0, 0, (1 << 20,) * 2),
      "prefix: token id 1048576 outside the vocabulary [0, 262144)"),
     (Error(-(1 << 62) - 1, "x"),

@@ -17,6 +17,7 @@ Costs (v(x) = bytes of the LEB128 varint of x; a frame with an L-byte payload is
   Σ v(c_k) (id_0 = −1); theta_o v(θ); o_token v(id); candidates v(K) + Σ v(y_k) + 8K (q(y)
   as float64); pieces v(n−1) + Σ (v(gap) + v(len) + len).
 - Tokens: L = v(2n + finished) + Σ v(id).
+- FirstCandidates: L = v(k) (1 byte for k ≤ 127).
 """
 
 from wanspec.wire.codec import (
@@ -41,6 +42,7 @@ from wanspec.wire.messages import (
     Draft,
     DraftWithDists,
     Error,
+    FirstCandidates,
     Hello,
     HelloAck,
     HiddenStates,
@@ -69,6 +71,7 @@ __all__ = [
     "Draft",
     "DraftWithDists",
     "Error",
+    "FirstCandidates",
     "FrameDecoder",
     "FrameTooLarge",
     "Hello",

@@ -9,6 +9,7 @@ Version 4: a distribution carries its precision (16, 24 or 32 bits) and varint c
 is a varint at that precision, SR-DV candidates carry q(y) as float64, and a draft packs four
 flag bits under its token count (probs, committed, srdv, ahead), so a version-3 peer would
 misread it.
+Version 5: adds FirstCandidates (type 19), which a version-4 peer would not know.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from wanspec.wire.messages import (
     Draft,
     DraftWithDists,
     Error,
+    FirstCandidates,
     Hello,
     HelloAck,
     HiddenStates,
@@ -51,7 +53,7 @@ from wanspec.wire.messages import (
 )
 from wanspec.wire.validate import U63, settings_json, validate
 
-WIRE_VERSION = 4
+WIRE_VERSION = 5
 _MAGIC = 0xA0  # high nibble of the first byte; the low nibble is the version
 
 
@@ -456,6 +458,14 @@ def _dec_cand_request(r: Reader, limits: Limits) -> CandidatesRequest:
     return CandidatesRequest(r.varint("round", U63), r.varint("k", limits.max_candidates))
 
 
+def _enc_first_cands(w: Writer, m: FirstCandidates) -> None:
+    w.varint(m.k)
+
+
+def _dec_first_cands(r: Reader, limits: Limits) -> FirstCandidates:
+    return FirstCandidates(r.varint("k", limits.max_candidates))
+
+
 def _enc_resample(w: Writer, m: ResampleRequest) -> None:
     w.varint(m.round)
     w.varint(int(m.kind))
@@ -505,6 +515,7 @@ _TYPES: dict[int, tuple[type, Encoder, Decoder]] = {
     16: (Draft, _enc_draft, _dec_draft),
     17: (DraftWithDists, _enc_draft_dists, _dec_draft_dists),
     18: (HiddenStates, _enc_hidden, _dec_hidden),
+    19: (FirstCandidates, _enc_first_cands, _dec_first_cands),
     32: (VerifyResult, _enc_verify, _dec_verify),
     33: (CandidatesRequest, _enc_cand_request, _dec_cand_request),
     34: (Candidates, _enc_candidates, _dec_candidates),

@@ -393,6 +393,20 @@ class HiddenStates:
         return hash((self.round, self.shape, self.data.tobytes()))
 
 
+@dataclass(frozen=True)
+class FirstCandidates:
+    """Edge → cloud (SR-DV with K chosen online, `srdv_k="auto"`).
+
+    Every rejection the cloud answers after this arrives opens with a first candidate set of k
+    candidates (1 ≤ k ≤ the request's srdv_k).
+    """
+
+    k: int
+
+    def __post_init__(self) -> None:
+        _set(self, "k", _index(self.k, "k"))
+
+
 # ----------------------------------------------------------------------------- downlink
 @dataclass(frozen=True)
 class VerifyResult:
@@ -518,6 +532,7 @@ Message = (
     | Draft
     | DraftWithDists
     | HiddenStates
+    | FirstCandidates
     | VerifyResult
     | CandidatesRequest
     | Candidates

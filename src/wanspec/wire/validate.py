@@ -23,6 +23,7 @@ from wanspec.wire.messages import (
     Draft,
     DraftWithDists,
     Error,
+    FirstCandidates,
     Hello,
     HelloAck,
     HiddenStates,
@@ -259,6 +260,10 @@ def _cand_request(m: CandidatesRequest, limits: Limits) -> None:
     check_uint(m.k, "k", limits.max_candidates, low=1)
 
 
+def _first_cands(m: FirstCandidates, limits: Limits) -> None:
+    check_uint(m.k, "k", limits.max_candidates, low=1)
+
+
 def _resample(m: ResampleRequest, limits: Limits) -> None:
     check_uint(m.round, "round")
 
@@ -285,6 +290,7 @@ _CHECKS: dict[type, Callable[[Any, Limits], None]] = {
     Draft: _draft,
     DraftWithDists: _draft_dists,
     HiddenStates: _hidden,
+    FirstCandidates: _first_cands,
     VerifyResult: _verify,
     Candidates: _candidates,
     CandidatesRequest: _cand_request,
