@@ -119,6 +119,17 @@ def test_greedy_over_tcp_is_the_simulators_and_transformers_text_hetero(
         assert net.text == _transformers_greedy_text(hetero)
 
 
+def test_srdv_k_and_m_chosen_online_over_tcp_keep_transformers_greedy_text(
+    hetero: wanspec.Pair, hetero_cloud: Any
+) -> None:
+    """The edge's first-set K reaches the cloud over TCP (`FirstCandidates`) and greedy text
+    stays the target's."""
+    settings = {"max_new_tokens": NEW, "temperature": 0.0, "srdv_k": "auto", "srdv_m": "auto"}
+    net = wanspec.generate(hetero, PROMPT, "xcosd-e", server=hetero_cloud[0], **settings)
+    assert net.text == _transformers_greedy_text(hetero)
+    assert net.stats["first_candidates_set"] >= 1 and net.stats["srdv_candidate_rounds"] >= 1
+
+
 @pytest.mark.parametrize("method", _sampled_params(HETERO))
 def test_sampled_over_tcp_is_the_simulators_run_hetero(
     hetero: wanspec.Pair, hetero_cloud: Any, method: str

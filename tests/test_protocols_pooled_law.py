@@ -29,7 +29,8 @@ import numpy as np
 import pytest
 from scipy.stats import chi2
 
-from wanspec.protocols import pipeline, speculative
+from wanspec.protocols import pipeline, registry, speculative
+from wanspec.protocols.candidates import CandidatePlanner
 from wanspec.protocols.resample_choice import Mechanism, MechanismChooser
 from worlds import FixedLaw, World
 
@@ -253,6 +254,40 @@ def test_xcosd_auto_mixing_both_mechanisms_keeps_the_pooled_law(
     _check_paths("xcosd-auto", settings, paths, ("fallback", "o_request"))
     assert paths["rejections_hr"] > 50 and paths["rejections_srdv"] > 50, paths
     assert paths["hr_region_C"] > 0 and paths["srdv_candidate_rounds"] > 0
+
+
+class _CyclingPlan(CandidatePlanner):
+    """SR-DV's (K, M) turning over after every resolved rejection, whatever the link (a plan
+    that depends on the past only, as the measured one does): one run has single-candidate
+    fallbacks, several sets before a fallback, and a new first-set K sent to the cloud."""
+
+    PLANS = ((1, 1), (2, 3), (16, 1), (1, 2), (3, 1))
+
+    def replan(self) -> tuple[int, int]:
+        self.k, self.m = self.PLANS[len(self.history) % len(self.PLANS)]
+        self.history.append((self.k, self.m))
+        return self.k, self.m
+
+
+@pytest.mark.parametrize(
+    ("method", "settings"),
+    [("xcosd-e", {"gamma": 2}), ("deepspec-x", {"gamma": 2, "tree_budget": 4})],
+    ids=["xcosd-e", "deepspec-x"],
+)
+def test_srdv_k_and_m_changing_between_rejections_keep_the_pooled_law(
+    worlds: dict[str, World], monkeypatch: pytest.MonkeyPatch, method: str, settings: dict
+) -> None:
+    """K and M change after every rejection: a first set answered with a stale K, a request
+    past the edge's M, or a β estimate that touched the rng moves the frequencies."""
+    monkeypatch.setattr(registry, "CandidatePlanner", _CyclingPlan)
+    settings = {**settings, "srdv_k": "auto", "srdv_m": "auto"}
+    runs, paths = pooled_runs(worlds["hetero"], method, 60, **settings)
+    p_single, p_pairs = pooled_p_values(runs, HETERO_Q)
+    assert p_single > ALPHA and p_pairs > ALPHA, (p_single, p_pairs)
+    _check_paths(method, settings, paths, ("fallback",))
+    # every plan was used: new first-set sizes, and more sets than rejected positions
+    assert paths["first_candidates_set"] > 50, paths
+    assert paths["srdv_candidate_rounds"] > paths["srdv_fallbacks"] + 50, paths
 
 
 def _reuse_the_rejected_tokens_stream(monkeypatch: pytest.MonkeyPatch) -> None:

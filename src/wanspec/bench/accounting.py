@@ -18,6 +18,8 @@ from the events the run records. Symbols:
     O          `hr_region_O`: rejections resolved in the LLM-only region (an O token comes down)
     H          rejections resolved by HR: `hr_region_C` + `hr_region_O` (xcosd-auto's HR rounds)
     Kr, F      `srdv_candidate_rounds`, `srdv_fallbacks` (X-CoSD-E)
+    Kc         `srdv_candidates`: candidates that came down (Kr·K while K is fixed; with
+               `srdv_k="auto"` each set has the edge's K)
     S          `uhlm_skipped` (U-HLM: draft tokens accepted unverified)
     k, K       `tr_k`, `srdv_k`
 
@@ -32,9 +34,9 @@ Downlink per request: R·b_n (accepted length) + (R − J)·b_id (bonus token), 
     ul, gr, uhlm   J·b_id                      the token the cloud chose
     tr             J·k·(b_id + b_p)            top-k ids and probabilities
     xcosd          J·(16·|C| + b_p) + O·b_id   q over C and θ_o; an O token after an O choice
-    xcosd-e        Kr·K·(b_id + b_p) + F·(16·|C| + b_p) + O·b_id
+    xcosd-e        Kc·(b_id + b_p) + F·(16·|C| + b_p) + O·b_id
                    K candidates with q(y) per candidate round; HR after M failed rounds
-    xcosd-auto     H·(16·|C| + b_p) + Kr·K·(b_id + b_p) + F·(16·|C| + b_p) + O·b_id
+    xcosd-auto     H·(16·|C| + b_p) + Kc·(b_id + b_p) + F·(16·|C| + b_p) + O·b_id
                    each rejected round charged by its own mechanism's formula (the edge's
                    choice per round): xcosd's for the H resolved by HR, xcosd-e's for the rest
 Per generated token: the sum over a cell's prompts divided by the tokens they generated.
@@ -76,6 +78,7 @@ class Events:
     o_tokens: int = 0
     hr_rejections: int = 0
     candidate_rounds: int = 0
+    candidates: int | None = None  # None: a record from before the count, Kr·K
     fallbacks: int = 0
     skipped: int = 0
 
@@ -88,6 +91,7 @@ class Events:
             o_tokens=int(stats.get("hr_region_O", 0)),
             hr_rejections=int(stats.get("hr_region_C", 0)) + int(stats.get("hr_region_O", 0)),
             candidate_rounds=int(stats.get("srdv_candidate_rounds", 0)),
+            candidates=int(stats["srdv_candidates"]) if "srdv_candidates" in stats else None,
             fallbacks=int(stats.get("srdv_fallbacks", 0)),
             skipped=int(stats.get("uhlm_skipped", 0)),
         )
@@ -124,7 +128,8 @@ def _at_rejections(method: str, e: Events, vocab: Vocab, options: Mapping[str, A
     if method == "xcosd":
         return e.rejections * hr + e.o_tokens * b_id
     if method in ("xcosd-e", "xcosd-auto"):
-        candidates = e.candidate_rounds * options["srdv_k"] * (b_id + PROB_BITS)
+        count = e.candidate_rounds * options["srdv_k"] if e.candidates is None else e.candidates
+        candidates = count * (b_id + PROB_BITS)
         by_hr = e.hr_rejections * hr if method == "xcosd-auto" else 0
         return by_hr + candidates + e.fallbacks * hr + e.o_tokens * b_id
     return e.rejections * b_id  # ul, gr, uhlm: the cloud's token

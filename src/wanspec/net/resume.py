@@ -6,9 +6,11 @@ a `MessageStream`. Each side counts the protocol messages it has received in the
 keeps the last ones it sent (`ReplayLog`). After a reconnection the edge names the session and
 its count (`wire.Resume`), the cloud answers with its own (`wire.Resumed`), and each side resends
 what the other has not received, in order. The machines therefore see one uninterrupted, ordered
-stream of messages: a resumed run's tokens are those of an undisturbed run for any seed, greedy
-or sampled, and nothing committed is lost or emitted twice. No machine, and no clock inside one,
-is involved: the machines stay sans-IO.
+stream of messages and nothing committed is lost or emitted twice. For any seed, greedy or
+sampled, a resumed run's tokens are those of an undisturbed run, except where the edge steers
+its draws by the clock (`MethodInfo.tokens_follow_timing`, SR-DV's K and M "auto"): the outage
+is time it measured, so the law holds but the tokens may differ. No machine, and no clock
+inside one, is involved: the machines stay sans-IO.
 
 - `EdgeStream` reconnects by itself: bounded attempts with exponential backoff (`RetryPolicy`).
 - `CloudStream` waits for the edge to come back on a new connection (`attach`) for at most

@@ -8,6 +8,7 @@ from typing import Any
 
 from wanspec.protocols.base import Machine
 from wanspec.protocols.budget import BranchPlanner
+from wanspec.protocols.candidates import CandidatePlanner
 from wanspec.protocols.control import ChainController
 from wanspec.protocols.endpoints import (
     CloudEndpoint,
@@ -90,6 +91,14 @@ def make_edge(
             f"({_names(sends_ahead=True)}); "
             f"{info.name!r} keeps one chain in flight"
         )
+    adaptive_srdv = settings.adaptive_srdv_k or settings.adaptive_srdv_m
+    if adaptive_srdv and not (info.scheme is not None and info.scheme.candidate_sets):
+        which = "srdv_k" if settings.adaptive_srdv_k else "srdv_m"
+        raise ValueError(
+            f"{which} 'auto' needs a method that resolves rejections by SR-DV "
+            f"({_names_where(lambda m: m.scheme is not None and m.scheme.candidate_sets)}); "
+            f"{info.name!r} has no candidate sets"
+        )
     if info.shared_vocab_only and not alignment.is_identity:
         raise ValueError(
             f"method {info.name!r} needs a shared vocabulary, but the draft and target tokenizers "
@@ -118,6 +127,7 @@ def make_edge(
         scheme=info.scheme(),
         alignment=alignment,
         prompt_draft_ids=draft_encode(prompt),
+        candidates=_candidate_planner(settings) if adaptive_srdv else None,
         **common,
     )
     if info.family == "pipeline":
@@ -144,10 +154,25 @@ def make_edge(
 
 def _names(**fields: Any) -> str:
     """The methods whose `MethodInfo` has these field values, by name, in the table's order."""
-    chosen = [
-        m.name for m in METHODS.values() if all(getattr(m, k) == v for k, v in fields.items())
-    ]
-    return ", ".join(chosen)
+    return _names_where(lambda m: all(getattr(m, k) == v for k, v in fields.items()))
+
+
+def _names_where(test: Callable[[MethodInfo], bool]) -> str:
+    """The methods that pass `test`, by name, in the table's order."""
+    return ", ".join(m.name for m in METHODS.values() if test(m))
+
+
+def _candidate_planner(settings: GenerationSettings) -> CandidatePlanner:
+    """SR-DV's K and M chosen online, from the defaults, within the request's caps."""
+    k, m = settings.srdv_start
+    return CandidatePlanner(
+        k,
+        m,
+        k_max=settings.srdv_k,
+        m_max=settings.srdv_m,
+        adapt_k=settings.adaptive_srdv_k,
+        adapt_m=settings.adaptive_srdv_m,
+    )
 
 
 def _planner(

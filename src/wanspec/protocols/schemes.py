@@ -126,6 +126,8 @@ class Scheme:
     replies_at_rejection: tuple[type, ...] = (wire.VerifyResult,)
     # the edge chooses per round how a rejection is resolved (`Draft.srdv`, `for_round`)
     chooses_per_round = False
+    # a rejection may be resolved by SR-DV's candidate sets (whose K and M may be chosen online)
+    candidate_sets = False
 
     def for_round(self, srdv: bool) -> Scheme:
         """The scheme that handles a round whose draft says `srdv`: this one, unless the method
@@ -317,36 +319,46 @@ class ServerResampleDeviceVerify(Scheme):
     """X-CoSD-E's SR-DV: K samples of q travel with q(y) as float64; the edge accepts one by
     rejection sampling. After M rounds of K rejections the edge uploads p̃ of that one position
     and the cloud draws the residual of its float q (not HR: nothing of q is rounded), so the
-    method is exact with respect to the float q."""
+    method is exact with respect to the float q. K and M are the request's, or the edge's
+    choice within them (`srdv_k="auto"`, `srdv_m="auto"`): the first set's K as the edge last
+    set it (`FirstCandidates`), every later set's as its request asks."""
 
     name = "srdv"
     replies_at_rejection = (wire.VerifyResult, wire.Candidates)
+    candidate_sets = True
 
-    def _candidates(self, cloud: SpecCloud, rej: Rejection) -> tuple[tuple, tuple]:
-        ids, probs = srdv_cloud_candidates(rej.target, cloud.settings.srdv_k, cloud.rng)
+    def _candidates(self, cloud: SpecCloud, rej: Rejection, k: int) -> tuple[tuple, tuple]:
+        ids, probs = srdv_cloud_candidates(rej.target, k, cloud.rng)
         pieces = tuple(
             sorted({(y, cloud.alignment.target_piece(y)) for y in ids if not cloud.common[y]})
         )
         return tuple(zip(ids, probs, strict=True)), pieces
 
     def cloud_reply(self, cloud: SpecCloud, rej: Rejection) -> wire.Message:
-        candidates, pieces = self._candidates(cloud, rej)
+        candidates, pieces = self._candidates(cloud, rej, cloud.first_candidates)
         return wire.VerifyResult(rej.index, rej.position, candidates=candidates, pieces=pieces)
 
     def cloud_on_request(self, cloud: SpecCloud, rej: Rejection, msg: Any) -> wire.Message:
         if isinstance(msg, wire.CandidatesRequest):
             self._check_request(cloud, rej, msg)
-            candidates, pieces = self._candidates(cloud, rej)
+            candidates, pieces = self._candidates(cloud, rej, msg.k)
             return wire.Candidates(rej.index, candidates, pieces)
         token = resample_with_draft(rej, msg, cloud.rng)
         return wire.VerifyResult(rej.index, rej.position, token=token)
 
     @staticmethod
     def _check_request(cloud: SpecCloud, rej: Rejection, msg: wire.CandidatesRequest) -> None:
-        """The edge asks for the request's K candidates, and for at most M sets in all (every
-        answer about the position so far was a candidate set)."""
-        k, m = cloud.settings.srdv_k, cloud.settings.srdv_m
-        if msg.k != k:
+        """The edge asks for the request's K candidates (any K up to it, where the edge chooses
+        K), and for at most M sets in all (every answer about the position so far was a
+        candidate set)."""
+        settings = cloud.settings
+        k, m = settings.srdv_k, settings.srdv_m
+        if settings.adaptive_srdv_k and not 1 <= msg.k <= k:
+            raise ProtocolError(
+                f"{msg.k} candidates asked for, but the request's srdv_k allows at most {k}",
+                ErrorCode.LIMIT,
+            )
+        if not settings.adaptive_srdv_k and msg.k != k:
             raise ProtocolError(f"{msg.k} candidates asked for, but the request's srdv_k is {k}")
         if rej.replies >= m:
             raise ProtocolError(
@@ -367,8 +379,9 @@ class ServerResampleDeviceVerify(Scheme):
         counts = ("srdv_candidate_rounds",)
         if token is not None:
             return Resolved(rnd.rejected_at, token, decided_by_edge=True, counts=counts)
-        if rnd.replies < edge.settings.srdv_m:  # every reply so far was a candidate set
-            return Ask(wire.CandidatesRequest(rnd.index, edge.settings.srdv_k), counts)
+        k, m = edge.candidate_plan
+        if rnd.replies < m:  # every reply so far was a candidate set
+            return Ask(wire.CandidatesRequest(rnd.index, k), counts)
         message = rejected_dist_message(rnd, rnd.rejected_at, width)
         return Ask(message, counts=(*counts, "srdv_fallbacks"))
 
@@ -382,6 +395,7 @@ class AdaptiveResampling(Scheme):
     name = "auto-resample"
     replies_at_rejection = (wire.VerifyResult, wire.OToken, wire.Candidates)
     chooses_per_round = True
+    candidate_sets = True
 
     def __init__(self) -> None:
         self.hr, self.srdv = Hybrid(), ServerResampleDeviceVerify()

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from wanspec.protocols.base import shown
+from wanspec.protocols.candidates import AUTO_SRDV_K_MAX, AUTO_SRDV_M_MAX
 from wanspec.sampling import Q_BITS, SamplingParams
 from wanspec.sampling.proposal import MAX_CANDIDATES
 from wanspec.wire import DEFAULT_LIMITS, WireError
@@ -38,6 +39,9 @@ DEFAULT_GAMMA = 4
 AUTO_GAMMA_MAX = 8
 # Chains a pipeline may keep in flight: each holds a tree in the edge's cache until its verdict.
 MAX_CHAINS_IN_FLIGHT = 8
+# SR-DV's K and M when none are given, and where `srdv_k="auto"` / `srdv_m="auto"` start.
+DEFAULT_SRDV_K = 4
+DEFAULT_SRDV_M = 2
 # Stop strings a request may carry (an OpenAI request carries at most 4; the edge service's cap).
 MAX_STOP_STRINGS = 16
 
@@ -86,9 +90,11 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     ),
     "srdv_k": (
         _int_in(1, MAX_SRDV_K),
-        f"an integer in [1, {MAX_SRDV_K}] (the wire's candidate limit)",
+        f"an integer in [1, {MAX_SRDV_K}] (the wire's candidate limit) or 'auto'",
     ),
-    "srdv_m": (_int_in(1, MAX_SRDV_M), f"an integer in [1, {MAX_SRDV_M}]"),
+    "srdv_m": (_int_in(1, MAX_SRDV_M), f"an integer in [1, {MAX_SRDV_M}] or 'auto'"),
+    "adaptive_srdv_k": (_is_bool, "True or False"),
+    "adaptive_srdv_m": (_is_bool, "True or False"),
     "tr_k": (_int_in(1, DEFAULT_LIMITS.max_width), "an integer >= 1"),
     "uhlm_samples": (_int_in(1, 1 << 16), "an integer in [1, 65536]"),
     "uhlm_eta_max": (_real_in(0.0, math.inf, open_low=True), "a finite number > 0"),
@@ -163,9 +169,33 @@ class GenerationSettings:
     ignore_eos: bool = field(
         default=False, metadata=_help("Keep generating past the end-of-sequence token.")
     )
-    srdv_k: int = field(default=4, metadata=_help("X-CoSD-E: candidates K per round."))
+    srdv_k: int = field(
+        default=DEFAULT_SRDV_K,
+        metadata={
+            **_help(
+                "SR-DV (xcosd-e, xcosd-auto, acespec-x, deepspec-x): candidates K per set; "
+                f"'auto': chosen per rejection from the measured link, up to {AUTO_SRDV_K_MAX}."
+            ),
+            "auto": True,
+        },
+    )
     srdv_m: int = field(
-        default=2, metadata=_help("X-CoSD-E: candidate rounds M before the fallback on the cloud.")
+        default=DEFAULT_SRDV_M,
+        metadata={
+            **_help(
+                "SR-DV: candidate sets M before the fallback on the cloud; 'auto': chosen per "
+                f"rejection from the measured link, up to {AUTO_SRDV_M_MAX}."
+            ),
+            "auto": True,
+        },
+    )
+    adaptive_srdv_k: bool = field(
+        default=False,
+        metadata=_help("SR-DV: choose K online, with `srdv_k` as its upper limit."),
+    )
+    adaptive_srdv_m: bool = field(
+        default=False,
+        metadata=_help("SR-DV: choose M online, with `srdv_m` as its upper limit."),
     )
     hr_piggyback: bool = field(
         default=True, metadata=_help("X-CoSD: a pre-drawn O-sample rides on the reply.")
@@ -225,6 +255,12 @@ class GenerationSettings:
         if self.chains_in_flight == "auto":
             object.__setattr__(self, "chains_in_flight", MAX_CHAINS_IN_FLIGHT)
             object.__setattr__(self, "adaptive_depth", True)
+        if self.srdv_k == "auto":
+            object.__setattr__(self, "srdv_k", AUTO_SRDV_K_MAX)
+            object.__setattr__(self, "adaptive_srdv_k", True)
+        if self.srdv_m == "auto":
+            object.__setattr__(self, "srdv_m", AUTO_SRDV_M_MAX)
+            object.__setattr__(self, "adaptive_srdv_m", True)
         for name, (ok, rule) in _RULES.items():
             value = getattr(self, name)
             if not ok(value):
@@ -248,6 +284,14 @@ class GenerationSettings:
             check_settings(self.to_dict(), DEFAULT_LIMITS)
         except WireError as exc:
             raise ValueError(f"invalid setting stop: too long for the wire ({exc})") from exc
+
+    @property
+    def srdv_start(self) -> tuple[int, int]:
+        """SR-DV's (K, M) at the start of a run: the defaults, within the caps, where chosen
+        online. Edge and cloud both start from it."""
+        k = min(DEFAULT_SRDV_K, self.srdv_k) if self.adaptive_srdv_k else self.srdv_k
+        m = min(DEFAULT_SRDV_M, self.srdv_m) if self.adaptive_srdv_m else self.srdv_m
+        return k, m
 
     @property
     def sampling(self) -> SamplingParams:

@@ -35,9 +35,17 @@ from wanspec.protocols.base import (
     request_rng,
 )
 from wanspec.protocols.cache import CacheMirror
+from wanspec.protocols.candidates import CandidatePlanner
 from wanspec.protocols.endpoints import EdgeMachine, TargetInfo
 from wanspec.protocols.resample_choice import Mechanism, MechanismChooser
-from wanspec.protocols.schemes import Ask, Decision, Resolved, Scheme, wire_dist
+from wanspec.protocols.schemes import (
+    Ask,
+    Decision,
+    Resolved,
+    Scheme,
+    rejected_dist_message,
+    wire_dist,
+)
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sampling import Rounded, dequantize, pick, verify_chain
 from wanspec.sampling.proposal import DraftRow, EmptyDraftRowError
@@ -63,6 +71,8 @@ class Round:
     srdv: bool = False  # a rejection is resolved by SR-DV, not HR (chosen before drafting)
     ahead: bool = False  # sent before the verdict on the round before it (`Draft.ahead`)
     sent_at: float | None = None  # the driver's clock when the draft went out, if it stamps one
+    sent_bits: int = 0  # the draft's bits on the wire (counted only where K or M are chosen)
+    accepts: list[float] = field(default_factory=list)  # SR-DV: each candidate's acceptance odds
 
 
 @dataclass
@@ -113,6 +123,7 @@ class SpecEdge(EdgeMachine):
         alignment: VocabAlignment,
         prompt_draft_ids: list[int],
         chooser: MechanismChooser | None = None,
+        candidates: CandidatePlanner | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(EdgeState.OPENING_DRAFTING, **kwargs)
@@ -123,6 +134,11 @@ class SpecEdge(EdgeMachine):
         if chooser is None and scheme.chooses_per_round:
             chooser = MechanismChooser()
         self.chooser = chooser
+        if candidates is not None and not scheme.candidate_sets:
+            raise ValueError(f"scheme {scheme.name!r} resolves no rejection by candidate sets")
+        self.candidates = candidates  # chooses SR-DV's K and M from the measured link
+        self.first_k = self.settings.srdv_start[0]  # the first set's K as the cloud holds it
+        self.asked: tuple[float | None, int] | None = None  # a follow-up's send time and bits
         self.now: float | None = None  # the driver's clock at the last event, if it stamps one
         self.rng = request_rng(self.settings.seed, "edge")
         # The draft may propose from any law it reports exactly; it leaves the repetition
@@ -144,7 +160,26 @@ class SpecEdge(EdgeMachine):
         """Keep the driver's clock stamp: the chooser is told what each rejected round took."""
         if isinstance(event, MessageReceived | ComputeDone) and event.at is not None:
             self.now = event.at
+        if isinstance(event, MessageReceived) and self.candidates is not None:
+            self._observe_exchange(event.msg)
         return super().handle(event)
+
+    def _observe_exchange(self, msg: Any) -> None:
+        """Feed the link fit one exchange: a draft sent alone and its verdict, or a follow-up
+        and its answer (seconds from send to reply against bits up and down)."""
+        assert self.candidates is not None
+        rnd, sent = self.round, None
+        if isinstance(msg, wire.VerifyResult) and self.state == EdgeState.WAITING:
+            if msg.round == rnd.index and rnd.sent_at is not None:
+                sent, verified = (rnd.sent_at, rnd.sent_bits), True
+        elif self.state == EdgeState.RESOLVING and self.asked is not None:
+            sent, verified, self.asked = self.asked, False, None
+        if sent is None or sent[0] is None or self.now is None:
+            return
+        seconds = self.now - sent[0]
+        self.candidates.link.observe(
+            up_bits=sent[1], down_bits=wire.bits(msg), seconds=seconds, verified=verified
+        )
 
     # ---- drafting
     def _begin_round(self) -> list[Action]:
@@ -216,7 +251,39 @@ class SpecEdge(EdgeMachine):
         self.round.sent_at = self.now
         self.pending_echo = []
         self.enter(EdgeState.WAITING)
-        return [Send(msg)]
+        return [*self._set_first_candidates(msg), Send(msg)]
+
+    def _set_first_candidates(self, draft: Draft) -> list[Action]:
+        """Tell the cloud the first set's K before a draft, when the planner changed it."""
+        if self.candidates is None:
+            return []
+        self.round.sent_bits = wire.bits(draft)
+        k = self.candidates.k
+        if k == self.first_k:
+            return []
+        self.first_k = k
+        self.count("first_candidates_set")
+        return [Send(wire.FirstCandidates(k))]
+
+    @property
+    def candidate_plan(self) -> tuple[int, int]:
+        """SR-DV's (K, M) for the next request about a rejected position."""
+        if self.candidates is None:
+            return self.settings.srdv_k, self.settings.srdv_m
+        return self.candidates.k, self.candidates.m
+
+    def _saw_candidates(self, rnd: Round, msg: wire.VerifyResult | wire.Candidates) -> None:
+        """A candidate set came: note each candidate's acceptance odds max(0, 1 − p̃(y)/q(y)),
+        whose mean estimates the position's residual mass β, and what a candidate costs."""
+        self.count("srdv_candidates", len(msg.candidates))
+        if self.candidates is None:
+            return
+        draft = self.draft_probs(rnd, rnd.rejected_at)
+        rnd.accepts += [max(0.0, 1.0 - float(draft[y]) / q) for y, q in msg.candidates]
+        self.candidates.observe_candidates(len(msg.candidates), wire.bits(msg))
+        if self.candidates.fallback_bits is None:  # what a fallback here would upload
+            fallback = rejected_dist_message(rnd, rnd.rejected_at, self.alignment.target_width)
+            self.candidates.observe_fallback(wire.bits(fallback))
 
     def draft_message(self, rnd: Round) -> Draft:
         """The message that sends `rnd` to the cloud, with the tokens the edge decided since the
@@ -281,6 +348,8 @@ class SpecEdge(EdgeMachine):
             decision = scheme.edge_on_reject(self, rnd, msg)
         except ValueError as exc:  # the reply's numbers admit no valid draw
             raise ProtocolError(f"bad reply: {exc}") from exc
+        if getattr(msg, "candidates", None):  # checked by the scheme
+            self._saw_candidates(rnd, msg)
         return self._apply(rnd, decision)
 
     def _apply(self, rnd: Round, decision: Decision) -> list[Action]:
@@ -289,7 +358,14 @@ class SpecEdge(EdgeMachine):
         for name in decision.counts:
             self.count(name)
         if isinstance(decision, Ask):
+            if self.candidates is not None:
+                self.asked = (self.now, wire.bits(decision.msg))
+                if isinstance(decision.msg, wire.DraftWithDists):
+                    self.candidates.observe_fallback(self.asked[1])
             return [Send(decision.msg)]
+        if self.candidates is not None and rnd.accepts:
+            self.candidates.observe_position(sum(rnd.accepts) / len(rnd.accepts))
+            self.candidates.replan()
         return self.finish_round(
             rnd, decision.accepted, decision.token, decided_by_edge=decision.decided_by_edge
         )
@@ -358,9 +434,15 @@ class SpecCloud(Machine):
 
     side = "cloud"
     EXPECTS = {  # noqa: RUF012
-        CloudState.IDLE: (*_DRAFTS, wire.Close),
-        CloudState.VERIFYING: (*_DRAFTS, wire.Close),
-        CloudState.REJECTED: (*_DRAFTS, wire.CandidatesRequest, wire.ResampleRequest, wire.Close),
+        CloudState.IDLE: (*_DRAFTS, wire.FirstCandidates, wire.Close),
+        CloudState.VERIFYING: (*_DRAFTS, wire.FirstCandidates, wire.Close),
+        CloudState.REJECTED: (
+            *_DRAFTS,
+            wire.CandidatesRequest,
+            wire.ResampleRequest,
+            wire.FirstCandidates,
+            wire.Close,
+        ),
     }
 
     def __init__(
@@ -389,6 +471,7 @@ class SpecCloud(Machine):
         # the last round verified, and whether it was accepted whole with nothing of the
         # cloud's own appended (what a chain sent ahead assumes of the round before it)
         self.last_verified: tuple[int, bool] | None = None
+        self.first_candidates = settings.srdv_start[0]  # K of a rejection's first SR-DV set
 
     def on_start(self) -> list[Action]:
         self.counters.setdefault("tv_bound", 0.0)
@@ -397,6 +480,9 @@ class SpecCloud(Machine):
     def on_message(self, msg: Any) -> list[Action]:
         if isinstance(msg, wire.Close):
             return self.finish("closed by edge")
+        if isinstance(msg, wire.FirstCandidates):
+            self._set_first_candidates(msg.k)
+            return []
         rejection = self.rejection
         if rejection is not None and msg.round == rejection.index:
             return self._follow_up(rejection, msg)
@@ -405,6 +491,22 @@ class SpecCloud(Machine):
         self._check_draft(msg)
         self.inbox.append(msg)
         return self._next_draft()
+
+    def _set_first_candidates(self, k: int) -> None:
+        """The edge chose the first set's K: only where the request lets it, within its cap."""
+        settings = self.settings
+        if not (self.scheme.candidate_sets and settings.adaptive_srdv_k):
+            raise ProtocolError(
+                "FirstCandidates, but this request does not choose SR-DV's K online"
+            )
+        if not 1 <= k <= settings.srdv_k:
+            raise ProtocolError(
+                f"a first candidate set of {k}, but the request's srdv_k allows at most "
+                f"{settings.srdv_k}",
+                ErrorCode.LIMIT,
+            )
+        self.first_candidates = k
+        self.count("first_candidates_set")
 
     def _follow_up(self, rejection: Rejection, msg: Any) -> list[Action]:
         """Answer a request about the rejected position; once the cloud has given its token
