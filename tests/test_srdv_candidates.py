@@ -22,7 +22,7 @@ from wanspec.protocols.candidates import (
 )
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sim import Link
-from worlds import PROMPT_IDS, World, deliver, refusal
+from worlds import PROMPT_IDS, World, deliver, refusal, small_residual_world
 
 # ============================================================================ the model
 
@@ -266,15 +266,9 @@ def test_the_edge_sends_first_candidates_before_the_draft_it_applies_to(
 # ============================================================================ on the simulator
 
 
-def _choice_world() -> World:
-    from test_xcosd_auto import _choice_world as world
-
-    return world()
-
-
 @pytest.fixture(scope="module")
 def choice_world() -> World:
-    return _choice_world()
+    return small_residual_world()
 
 
 @pytest.mark.parametrize(

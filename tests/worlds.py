@@ -205,3 +205,24 @@ def check_the_tree_never_changes_the_tokens(world: World, **settings: Any) -> li
         hit_rates.append(edge.cache_hit_rate)
     assert max(hit_rates) > pico.cache_hit_rate
     return reference.tokens
+
+
+def small_residual_world(alpha: float = 0.8) -> World:
+    """Different vocabularies, both models with one law after every context: q on 100 common
+    tokens (0.9 of its mass, so that HR's q over C is a kilobyte or so) and 5 LLM-only ones;
+    the draft α·q on C and the rest on 10 common tokens q lacks. A rejection's residual mass
+    is small, so SR-DV's candidates are often all refused and it needs more round trips."""
+    world = World(shared=False)
+    align = world.alignment
+    common = [int(t) for t in align.common_target_ids]
+    llm_only = [int(t) for t in np.flatnonzero(align.llm_only)][:5]
+    weights = np.arange(100, 0, -1) / np.arange(100, 0, -1).sum()
+    q = {t: 0.9 * float(w) for t, w in zip(common[:100], weights, strict=True)}
+    q.update({t: 0.1 / len(llm_only) for t in llm_only})
+    to_draft = {t: int(align.target_to_draft[t]) for t in common}
+    draft = {to_draft[t]: alpha * float(w) for t, w in zip(common[:100], weights, strict=True)}
+    draft.update({to_draft[t]: (1 - alpha) / 10 for t in common[100:110]})
+    return world.with_models(
+        FixedLaw(0.0, align.target_width, law=tuple(q.items())),
+        FixedLaw(0.0, align.draft_width, law=tuple(draft.items())),
+    )
