@@ -102,6 +102,18 @@ def test_the_cost_gate_waits_until_the_incumbent_spent_explore_ratio_times_a_tri
     assert chooser.gap == 16  # the round gate (4, 8) was open long before
 
 
+def test_a_predicted_cost_gates_the_first_trial_until_a_measured_one_replaces_it() -> None:
+    """HR predicted at 10 s from the link: its first trial waits until SR-DV has spent 40 s, not
+    only the 2 rounds of the gap; once measured (at 1 s) the prediction no longer counts."""
+    chooser = MechanismChooser(first_retry=2, explore_ratio=4)
+    chooser.predict(HR, 10.0)
+    picked = _feed(chooser, {SRDV: 1.0, HR: 1.0}, 40 + 1)
+    assert _trials(picked, SRDV) == [40]
+    assert chooser.mean[HR] == 1.0 and chooser.trial_cost() == 1.0
+    with pytest.raises(ValueError, match="finite"):
+        chooser.predict(HR, math.inf)
+
+
 def test_the_cost_gate_counts_the_trial_length_of_srdv() -> None:
     """SR-DV measured 10× costlier than HR: its two-round trial is expected to cost 20, so HR
     spends 4 × 20 before it."""

@@ -29,7 +29,7 @@ from wanspec.protocols.base import (
 )
 from wanspec.protocols.resample_choice import Mechanism, MechanismChooser
 from wanspec.sim import Link
-from worlds import FLAT_PROFILE, PROMPT_IDS, FixedLaw, World, deliver, refusal
+from worlds import FLAT_PROFILE, PROMPT_IDS, World, deliver, refusal, small_residual_world
 
 HR, SRDV = Mechanism.HR, Mechanism.SRDV
 GAMMA = 2
@@ -210,30 +210,9 @@ def test_an_edge_refuses_a_chooser_for_a_method_that_does_not_choose(hetero_worl
 # ============================================================================ on the simulator
 
 
-def _choice_world(alpha: float = 0.8) -> World:
-    """Different vocabularies, both models with one law after every context: q on 100 common
-    tokens (0.9 of its mass, so that HR's q over C is a kilobyte or so) and 5 LLM-only ones;
-    the draft α·q on C and the rest on 10 common tokens q lacks. A rejection's residual mass
-    is small, so SR-DV's candidates are often all refused and it needs more round trips."""
-    world = World(shared=False)
-    align = world.alignment
-    common = [int(t) for t in align.common_target_ids]
-    llm_only = [int(t) for t in np.flatnonzero(align.llm_only)][:5]
-    weights = np.arange(100, 0, -1) / np.arange(100, 0, -1).sum()
-    q = {t: 0.9 * float(w) for t, w in zip(common[:100], weights, strict=True)}
-    q.update({t: 0.1 / len(llm_only) for t in llm_only})
-    to_draft = {t: int(align.target_to_draft[t]) for t in common}
-    draft = {to_draft[t]: alpha * float(w) for t, w in zip(common[:100], weights, strict=True)}
-    draft.update({to_draft[t]: (1 - alpha) / 10 for t in common[100:110]})
-    return world.with_models(
-        FixedLaw(0.0, align.target_width, law=tuple(q.items())),
-        FixedLaw(0.0, align.draft_width, law=tuple(draft.items())),
-    )
-
-
 @pytest.fixture(scope="module")
 def choice_world() -> World:
-    return _choice_world()
+    return small_residual_world()
 
 
 TOKENS = 300  # long enough for the first trial at 16 rejected rounds and a second, later one
@@ -272,6 +251,18 @@ def test_the_measured_choice_ends_on_the_mechanism_the_link_favours(
         assert chooser.mean[best.other] >= (1 - chooser.margin) * chooser.mean[best]
         if best is SRDV:  # HR, dear here, is tried rarely: at 16 rejected rounds, then 48
             assert edge.counters["rejections_hr"] <= 2 and chooser.switches == 0
+
+
+def test_the_edge_prices_an_hr_round_from_the_link_it_measured(choice_world: World) -> None:
+    """Before HR's first trial the chooser has its predicted cost: a verdict plus q over the
+    common vocabulary (a byte per common id at least) at the downlink rate the edge fitted."""
+    _, edge, _ = _auto_run(choice_world, Link(bandwidth_bps=1e5, rtt_s=0.02), seed=0)
+    costs = edge.link.costs()
+    assert costs.down_s_per_bit == pytest.approx(1e-5, rel=0.05)
+    assert costs.trip_s == pytest.approx(0.02, rel=0.1)
+    bits = 8 * int(edge.common.sum())
+    expected = costs.trip_s + costs.verify_s + bits * costs.down_s_per_bit
+    assert edge.chooser.predicted[HR] == pytest.approx(expected, rel=0.05)
 
 
 def test_a_run_is_reproducible_on_the_same_link_and_timing(choice_world: World) -> None:

@@ -50,6 +50,7 @@ class LinkCosts:
     trip_s: float  # a follow-up's round trip besides its bits: RTT and the cloud's draw
     up_s_per_bit: float
     down_s_per_bit: float
+    verify_s: float = 0.0  # what a verification adds to a trip (0 until a follow-up was seen)
 
 
 def set_failures(betas: Sequence[float], k: int, sets: int) -> float:
@@ -116,7 +117,7 @@ class LinkFit:
                 coef[free] = solution
                 break
             free.pop(int(np.argmin(solution)))  # the most negative term is held at 0
-        return LinkCosts(float(coef[0]), coef[2] / 1000.0, coef[3] / 1000.0)
+        return LinkCosts(float(coef[0]), coef[2] / 1000.0, coef[3] / 1000.0, float(coef[1]))
 
 
 @dataclass

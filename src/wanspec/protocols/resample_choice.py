@@ -13,9 +13,11 @@ both the same and is not fed. A pure policy: no clock, no I/O.
   (a) the incumbent has had at least `gap` rejected rounds since the last trial (`gap` starts
   at `first_retry`, doubles after a trial that does not win, resets after a switch), and
   (b) the incumbent has spent at least `explore_ratio` × the trial's expected cost since the
-  last trial, the expected cost being `trials[other] × mean[other]` (0 while the other was
-  never measured, so the first trial waits on (a) alone). Time spent trying a much worse
-  mechanism is so about 1/(1 + explore_ratio) of the run at most, however slow the link.
+  last trial, the expected cost being `trials[other] × mean[other]`; before the other was
+  ever measured, its predicted cost from the link (`predict`: HR's q over C at the measured
+  downlink rate), or 0 without one. Time spent trying a much worse mechanism is so about
+  1/(1 + explore_ratio) of the run at most, however slow the link, and on a link where even
+  the prediction is many times the incumbent's cost a short request never tries it.
 - A trial is `trials[m]` rejected rounds of the other mechanism m: HR 1 (its cost is steady and
   may be huge), SR-DV 2 (one round trip or several: one sample misleads). Its plain mean
   replaces the other's stale one; the other takes over only when that is lower than the
@@ -83,6 +85,7 @@ class MechanismChooser:
         self.fallback = Mechanism(fallback)
         self.current = self.fallback  # the incumbent
         self.mean: dict[Mechanism, float] = {}
+        self.predicted: dict[Mechanism, float] = {}  # from the link, until measured
         self.seen = dict.fromkeys(Mechanism, 0)  # rejected rounds observed per mechanism
         self.gap = first_retry  # the incumbent's rejected rounds before the other is tried
         self.since_trial = 0  # the incumbent's rejected rounds since the last trial
@@ -92,9 +95,17 @@ class MechanismChooser:
         self.switches = 0
 
     def trial_cost(self) -> float:
-        """The expected cost of a trial of the other mechanism (0 before it was measured)."""
+        """The expected cost of a trial of the other mechanism: measured, else predicted, else
+        0."""
         other = self.current.other
-        return self.trials[other] * self.mean.get(other, 0.0)
+        return self.trials[other] * self.mean.get(other, self.predicted.get(other, 0.0))
+
+    def predict(self, mechanism: Mechanism, seconds: float) -> None:
+        """What a rejected round of `mechanism` should cost on the link as measured so far;
+        it stands in for the mechanism's mean until a trial measures it."""
+        if not (math.isfinite(seconds) and seconds >= 0):
+            raise ValueError(f"seconds must be finite and non-negative, got {seconds!r}")
+        self.predicted[Mechanism(mechanism)] = float(seconds)
 
     def choose(self) -> Mechanism:
         """The mechanism for the next round."""

@@ -35,7 +35,7 @@ from wanspec.protocols.base import (
     request_rng,
 )
 from wanspec.protocols.cache import CacheMirror
-from wanspec.protocols.candidates import CandidatePlanner
+from wanspec.protocols.candidates import CandidatePlanner, LinkFit
 from wanspec.protocols.endpoints import EdgeMachine, TargetInfo
 from wanspec.protocols.resample_choice import Mechanism, MechanismChooser
 from wanspec.protocols.schemes import (
@@ -137,6 +137,10 @@ class SpecEdge(EdgeMachine):
         if candidates is not None and not scheme.candidate_sets:
             raise ValueError(f"scheme {scheme.name!r} resolves no rejection by candidate sets")
         self.candidates = candidates  # chooses SR-DV's K and M from the measured link
+        # the link as the edge's exchanges show it, where a policy prices with it
+        self.link = candidates.link if candidates is not None else None
+        if self.link is None and chooser is not None:
+            self.link = LinkFit()
         self.first_k = self.settings.srdv_start[0]  # the first set's K as the cloud holds it
         self.asked: tuple[float | None, int] | None = None  # a follow-up's send time and bits
         self.now: float | None = None  # the driver's clock at the last event, if it stamps one
@@ -160,14 +164,14 @@ class SpecEdge(EdgeMachine):
         """Keep the driver's clock stamp: the chooser is told what each rejected round took."""
         if isinstance(event, MessageReceived | ComputeDone) and event.at is not None:
             self.now = event.at
-        if isinstance(event, MessageReceived) and self.candidates is not None:
+        if isinstance(event, MessageReceived) and self.link is not None:
             self._observe_exchange(event.msg)
         return super().handle(event)
 
     def _observe_exchange(self, msg: Any) -> None:
         """Feed the link fit one exchange: a draft sent alone and its verdict, or a follow-up
         and its answer (seconds from send to reply against bits up and down)."""
-        assert self.candidates is not None
+        assert self.link is not None
         rnd, sent = self.round, None
         if isinstance(msg, wire.VerifyResult) and self.state == EdgeState.WAITING:
             if msg.round == rnd.index and rnd.sent_at is not None:
@@ -177,7 +181,7 @@ class SpecEdge(EdgeMachine):
         if sent is None or sent[0] is None or self.now is None:
             return
         seconds = self.now - sent[0]
-        self.candidates.link.observe(
+        self.link.observe(
             up_bits=sent[1], down_bits=wire.bits(msg), seconds=seconds, verified=verified
         )
 
@@ -191,10 +195,22 @@ class SpecEdge(EdgeMachine):
         """The next round, numbered one past the last (the cloud's replies name it), starting
         at the first output token not yet confirmed; a chooser fixes its mechanism here, before
         any of its draws."""
+        if self.chooser is not None:
+            self._predict_hr()
         srdv = self.chooser is not None and self.chooser.choose() is Mechanism.SRDV
         self.round = Round(self._rounds, self.generated - len(self.pending_echo), srdv=srdv)
         self._rounds += 1
         return self.round
+
+    def _predict_hr(self) -> None:
+        """Tell the chooser what an HR round should cost on the link measured so far: a
+        verdict that carries q over the common vocabulary, at least a byte per common id."""
+        assert self.chooser is not None and self.link is not None
+        costs = self.link.costs()
+        if costs is not None:
+            bits = 8 * int(self.common.sum())
+            seconds = costs.trip_s + costs.verify_s + bits * costs.down_s_per_bit
+            self.chooser.predict(Mechanism.HR, seconds)
 
     def on_compute(self, purpose: Purpose, result: Any) -> list[Action]:
         rnd = self.round
@@ -255,9 +271,10 @@ class SpecEdge(EdgeMachine):
 
     def _set_first_candidates(self, draft: Draft) -> list[Action]:
         """Tell the cloud the first set's K before a draft, when the planner changed it."""
+        if self.link is not None:
+            self.round.sent_bits = wire.bits(draft)
         if self.candidates is None:
             return []
-        self.round.sent_bits = wire.bits(draft)
         k = self.candidates.k
         if k == self.first_k:
             return []
@@ -358,10 +375,10 @@ class SpecEdge(EdgeMachine):
         for name in decision.counts:
             self.count(name)
         if isinstance(decision, Ask):
-            if self.candidates is not None:
+            if self.link is not None:
                 self.asked = (self.now, wire.bits(decision.msg))
-                if isinstance(decision.msg, wire.DraftWithDists):
-                    self.candidates.observe_fallback(self.asked[1])
+            if self.candidates is not None and isinstance(decision.msg, wire.DraftWithDists):
+                self.candidates.observe_fallback(wire.bits(decision.msg))
             return [Send(decision.msg)]
         if self.candidates is not None and rnd.accepts:
             self.candidates.observe_position(sum(rnd.accepts) / len(rnd.accepts))
