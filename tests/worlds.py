@@ -226,3 +226,26 @@ def small_residual_world(alpha: float = 0.8) -> World:
         FixedLaw(0.0, align.target_width, law=tuple(q.items())),
         FixedLaw(0.0, align.draft_width, law=tuple(draft.items())),
     )
+
+
+@dataclass
+class AheadTally:
+    """What chains sent ahead did over several runs: how many were sent and went stale, and the
+    most in flight at once. Each run's edge and cloud must agree on the stale ones and on the
+    rounds verified."""
+
+    sent: int = 0
+    stale: int = 0
+    most: int = 0
+
+    def add(self, edge: Any, cloud: Any) -> None:
+        stale = edge.counters.get("stale_chains_ahead", 0)
+        assert cloud.counters.get("stale_drafts", 0) == stale
+        assert len(edge.accepted_per_round) == cloud.counters["rounds"]
+        self.sent += edge.counters["chains_sent_ahead"]
+        self.stale += stale
+        self.most = max(self.most, edge.most_in_flight)
+
+    def check(self, chains: int) -> None:
+        assert 0 < self.stale < self.sent  # both outcomes of a chain sent ahead occurred
+        assert self.most == chains  # as many chains as allowed were in flight at once
