@@ -13,6 +13,7 @@ import pytest
 from wanspec import wire
 from wanspec.protocols.base import ComputeDone, ErrorCode, Send
 from wanspec.protocols.candidates import (
+    PRIOR_BETA,
     SWITCH_GAIN,
     CandidatePlanner,
     LinkCosts,
@@ -33,6 +34,8 @@ def test_failures_average_over_positions_not_over_beta() -> None:
     assert set_failures([0.0, 0.5], k=2, sets=1) == pytest.approx(0.625)
     assert set_failures([0.0, 0.5], k=1, sets=2) == pytest.approx(0.625)
     assert set_failures([1.0], k=1, sets=1) == 0.0
+    # before any position was seen: the prior β
+    assert set_failures([], k=2, sets=1) == pytest.approx((1 - PRIOR_BETA) ** 2)
 
 
 def test_resolution_seconds_by_hand() -> None:
