@@ -268,6 +268,11 @@ def test_paper_accounting_formulas_on_a_hand_counted_case() -> None:
         assert paper_bits(method, events, vocab, 2, options) == bits, method
     with pytest.raises(ValueError, match="no paper accounting"):
         paper_bits("ar", events, vocab, 2, options)
+    # with K chosen online the counted candidates (here 13 over the 5 rounds) are charged
+    counted = replace(events, candidates=13)
+    assert paper_bits("xcosd-e", counted, vocab, 2, options) == (520, 80 + 13 * 26 + 4816 + 10)
+    stats = {"accepted_per_round": [2, 0], "srdv_candidate_rounds": 2, "srdv_candidates": 13}
+    assert Events.from_stats(stats, gamma=2).candidates == 13
 
 
 @pytest.mark.parametrize("method", ["naive", "xcosd"])
