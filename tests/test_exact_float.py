@@ -183,9 +183,10 @@ def test_sixteen_bit_rounding_would_fail_the_float_law_test(heavy_world: HeavyTa
     "dropped" token where the float law expects ~55, far beyond the 5-sd bound used below."""
     sim, _, _ = heavy_world.run("ar", seed=0, max_new_tokens=TOKENS)
     _, float_laws, q16_laws = heavy_world.position_laws(sim.tokens)
-    sd = np.sqrt((float_laws * (1 - float_laws)).sum(0))
-    gap = np.abs(q16_laws.sum(0) - float_laws.sum(0)) / sd
-    assert gap[CLASSES.index("dropped")] > 7 and gap[CLASSES.index("kept")] > 7
+    used = [CLASSES.index("dropped"), CLASSES.index("kept")]  # the others may have no variance
+    sd = np.sqrt((float_laws * (1 - float_laws)).sum(0))[used]
+    gap = np.abs(q16_laws.sum(0) - float_laws.sum(0))[used] / sd
+    assert (gap > 7).all(), gap
 
 
 @pytest.mark.slow
