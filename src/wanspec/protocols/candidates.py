@@ -53,12 +53,39 @@ class LinkCosts:
     verify_s: float = 0.0  # what a verification adds to a trip (0 until a follow-up was seen)
 
 
+def failure_table(k_max: int, sets_max: int, betas: Sequence[float]) -> np.ndarray:
+    """F_j(K) for every K ≤ k_max and j ≤ sets_max (entry [K − 1, j − 1]): the share of recent
+    rejected positions at which j sets of K candidates all fail (the prior β before any)."""
+    misses = 1.0 - np.clip(np.asarray(betas if len(betas) else [PRIOR_BETA], np.float64), 0, 1)
+    k = np.arange(1, k_max + 1, dtype=np.float64)[:, None]
+    j = np.arange(1, sets_max + 1, dtype=np.float64)[None, :]
+    return np.mean(misses[:, None, None] ** (k * j)[None], axis=0)
+
+
 def set_failures(betas: Sequence[float], k: int, sets: int) -> float:
     """F_j: the share of rejected positions at which `sets` sets of `k` candidates all fail."""
-    if not betas:
-        betas = [PRIOR_BETA]
-    misses = 1.0 - np.clip(np.asarray(betas, np.float64), 0.0, 1.0)
-    return float(np.mean(misses ** (k * sets)))
+    return float(failure_table(k, sets, betas)[k - 1, sets - 1])
+
+
+def resolution_table(
+    k_max: int,
+    m_max: int,
+    betas: Sequence[float],
+    costs: LinkCosts,
+    *,
+    candidate_bits: float,
+    fallback_bits: float,
+) -> np.ndarray:
+    """T(K, M) for every K ≤ k_max and M ≤ m_max at once (entry [K − 1, M − 1]): the
+    controller prices the whole grid after each rejection, so it is one array expression."""
+    if k_max < 1 or m_max < 1:
+        raise ValueError(f"K and M must be at least 1, got K={k_max}, M={m_max}")
+    fails = failure_table(k_max, m_max, betas)
+    per_set = np.arange(1, k_max + 1)[:, None] * candidate_bits * costs.down_s_per_bit
+    # sets 2..M follow the first when the sets before them all failed
+    more_sets = np.cumsum(fails, axis=1) - fails
+    fallback = costs.trip_s + fallback_bits * costs.up_s_per_bit
+    return per_set + more_sets * (costs.trip_s + per_set) + fails * fallback
 
 
 def resolution_seconds(
@@ -71,14 +98,10 @@ def resolution_seconds(
     fallback_bits: float,
 ) -> float:
     """T(K, M): expected seconds from a rejection's verdict to its resolution."""
-    if k < 1 or m < 1:
-        raise ValueError(f"K and M must be at least 1, got K={k}, M={m}")
-    per_set = k * candidate_bits * costs.down_s_per_bit
-    seconds = per_set
-    for j in range(1, m):
-        seconds += set_failures(betas, k, j) * (costs.trip_s + per_set)
-    fallback = costs.trip_s + fallback_bits * costs.up_s_per_bit
-    return seconds + set_failures(betas, k, m) * fallback
+    table = resolution_table(
+        k, m, betas, costs, candidate_bits=candidate_bits, fallback_bits=fallback_bits
+    )
+    return float(table[k - 1, m - 1])
 
 
 class LinkFit:
@@ -168,20 +191,19 @@ class CandidatePlanner:
         costs = self.link.costs()
         if costs is None or self.candidate_bits is None or self.fallback_bits is None:
             return self.k, self.m
+        table = resolution_table(
+            self.k_max,
+            self.m_max,
+            list(self.betas),
+            costs,
+            candidate_bits=self.candidate_bits,
+            fallback_bits=self.fallback_bits,
+        )
         ks = range(1, self.k_max + 1) if self.adapt_k else [self.k]
         ms = range(1, self.m_max + 1) if self.adapt_m else [self.m]
-        betas = list(self.betas)
 
         def seconds(plan: tuple[int, int]) -> float:
-            k, m = plan
-            return resolution_seconds(
-                k,
-                m,
-                betas,
-                costs,
-                candidate_bits=self.candidate_bits or 0.0,
-                fallback_bits=self.fallback_bits or 0.0,
-            )
+            return float(table[plan[0] - 1, plan[1] - 1])
 
         best = min(((k, m) for k in ks for m in ms), key=lambda p: (seconds(p), p))
         if seconds(best) < (1.0 - SWITCH_GAIN) * seconds((self.k, self.m)):
