@@ -183,8 +183,9 @@ class _Run:
             while True:
                 before = stream.received.payload_bits
                 msg = await receive(stream)
-                self.side.received.add(msg, stream.received.payload_bits - before)
-                await self.events.put(MessageReceived(msg, self.now()))
+                bits = stream.received.payload_bits - before
+                self.side.received.add(msg, bits)
+                await self.events.put(MessageReceived(msg, self.now(), bits))
         except PeerGone as gone:
             await self.events.put(_Closed(str(gone), clean=isinstance(gone, PeerClosed)))
         except ProtocolError as bad:
@@ -357,9 +358,10 @@ async def drive(
     try:
         await run.handle(Start())
         for msg in first:
-            run.side.received.add(msg, 8 * len(wire.encode(msg, stream.limits)))
+            bits = 8 * len(wire.encode(msg, stream.limits))
+            run.side.received.add(msg, bits)
             if run.finish is None:
-                await run.handle(MessageReceived(msg, run.now()))
+                await run.handle(MessageReceived(msg, run.now(), bits))
         while run.finish is None:
             await run.handle(await run.next_event())
     except ProtocolError as error:

@@ -95,6 +95,7 @@ class Start:
 class MessageReceived:
     msg: Any
     at: float | None = None  # the driver's clock (virtual or wall) at delivery, if it has one
+    bits: int | None = None  # what the message took on the link, if the driver counted it
 
 
 @dataclass(frozen=True)

@@ -165,12 +165,13 @@ class SpecEdge(EdgeMachine):
         if isinstance(event, MessageReceived | ComputeDone) and event.at is not None:
             self.now = event.at
         if isinstance(event, MessageReceived) and self.link is not None:
-            self._observe_exchange(event.msg)
+            self._observe_exchange(event.msg, event.bits)
         return super().handle(event)
 
-    def _observe_exchange(self, msg: Any) -> None:
+    def _observe_exchange(self, msg: Any, bits: int | None) -> None:
         """Feed the link fit one exchange: a draft sent alone and its verdict, or a follow-up
-        and its answer (seconds from send to reply against bits up and down)."""
+        and its answer (seconds from send to reply against bits up and down: the reply's as
+        the driver counted them, else encoded here)."""
         assert self.link is not None
         rnd, sent = self.round, None
         if isinstance(msg, wire.VerifyResult) and self.state == EdgeState.WAITING:
@@ -181,9 +182,8 @@ class SpecEdge(EdgeMachine):
         if sent is None or sent[0] is None or self.now is None:
             return
         seconds = self.now - sent[0]
-        self.link.observe(
-            up_bits=sent[1], down_bits=wire.bits(msg), seconds=seconds, verified=verified
-        )
+        down = wire.bits(msg) if bits is None else bits
+        self.link.observe(up_bits=sent[1], down_bits=down, seconds=seconds, verified=verified)
 
     # ---- drafting
     def _begin_round(self) -> list[Action]:

@@ -276,7 +276,7 @@ class RequestRuntime:
             retries=tx.retries,
             msg=sent,
         )
-        received = MessageReceived(msg, tx.arrival)
+        received = MessageReceived(msg, tx.arrival, size)
         if self.charge_cpu and decode_s:
             self.decode_s[id(received)] = decode_s
         self.schedule(tx.arrival, _OTHER[side.name], received)
