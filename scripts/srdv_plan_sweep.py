@@ -13,13 +13,11 @@ a pass), the same link each way; tokens/s as mean ± standard error over the see
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from dataclasses import dataclass
 
 import numpy as np
 
 import wanspec
-from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
+from wanspec.models.synthetic import SyntheticLM, small_residual_laws
 from wanspec.models.tiny import build_tokenizer
 from wanspec.sim import Link, load_profile
 from wanspec.vocab import VocabAlignment
@@ -29,35 +27,15 @@ PLANS = [(4, 2), (16, 1), (8, 1), (8, 2), (2, 4), (1, 8), (16, 8)]  # fixed (K, 
 FLAT = load_profile({"name": "flat", "forward_ms": {"1": 1.0, "64": 2.0}})
 
 
-@dataclass(frozen=True)
-class FixedLaw(SyntheticSpec):
-    """One next-token law after every context (token id, mass)."""
-
-    law: tuple[tuple[int, float], ...] = ()
-
-    def probs(self, context: Sequence[int], role: str) -> np.ndarray:
-        out = np.zeros(self.vocab_size, dtype=np.float64)
-        for token, mass in self.law:
-            out[token] = mass
-        return out
-
-
 def small_residual_pair(alpha: float = 0.8) -> wanspec.Pair:
+    """The tests' `small_residual_world` as a `wanspec.Pair` (with its tokenizers)."""
     target_tok = build_tokenizer("bytelevel", 300)
     draft_tok = build_tokenizer("metaspace", 160)
-    align = VocabAlignment.build(draft_tok, target_tok)
-    common = [int(t) for t in align.common_target_ids]
-    llm_only = [int(t) for t in np.flatnonzero(align.llm_only)][:5]
-    weights = np.arange(100, 0, -1) / np.arange(100, 0, -1).sum()
-    q = {t: 0.9 * float(w) for t, w in zip(common[:100], weights, strict=True)}
-    q.update({t: 0.1 / len(llm_only) for t in llm_only})
-    to_draft = {t: int(align.target_to_draft[t]) for t in common}
-    p = {to_draft[t]: alpha * float(w) for t, w in zip(common[:100], weights, strict=True)}
-    p.update({to_draft[t]: (1 - alpha) / 10 for t in common[100:110]})
-    target = SyntheticLM(FixedLaw(0.0, align.target_width, law=tuple(q.items())), "target")
-    draft = SyntheticLM(FixedLaw(0.0, align.draft_width, law=tuple(p.items())), "draft")
+    alignment = VocabAlignment.build(draft_tok, target_tok)
+    target_law, draft_law = small_residual_laws(alignment, alpha)
+    target, draft = SyntheticLM(target_law, "target"), SyntheticLM(draft_law, "draft")
     target.tokenizer, draft.tokenizer = target_tok, draft_tok
-    return wanspec.Pair(target, draft, align, target.name, draft.name)
+    return wanspec.Pair(target, draft, alignment, target.name, draft.name)
 
 
 def rate(pair: wanspec.Pair, link: Link, seeds: int, tokens: int, **plan: object) -> np.ndarray:

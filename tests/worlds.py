@@ -5,7 +5,6 @@ assembled as every in-process run's are (`registry.build_machines`, the edge's j
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -13,7 +12,12 @@ import numpy as np
 
 from wanspec import wire
 from wanspec.models.jobs import session_executor
-from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
+from wanspec.models.synthetic import (  # noqa: F401 - FixedLaw: the tests' import point
+    FixedLaw,
+    SyntheticLM,
+    SyntheticSpec,
+    small_residual_laws,
+)
 from wanspec.models.tiny import build_tokenizer
 from wanspec.protocols.base import (
     Compute,
@@ -156,21 +160,6 @@ def greedy(world: World, n: int) -> list[int]:
     return out
 
 
-@dataclass(frozen=True)
-class FixedLaw(SyntheticSpec):
-    """A synthetic model with one next-token distribution after every context (`law`: token id,
-    mass): its tokens are i.i.d., so an exact method's tokens at every position have that one
-    law and can be pooled over positions and runs."""
-
-    law: tuple[tuple[int, float], ...] = ()
-
-    def probs(self, context: Sequence[int], role: str) -> np.ndarray:
-        out = np.zeros(self.vocab_size, dtype=np.float64)
-        for token, mass in self.law:
-            out[token] = mass
-        return out
-
-
 def deliver(machine: Any, msg: Any) -> list[Any]:
     """Hand a machine a message as a driver would: encoded and decoded by the wire codec."""
     return machine.handle(MessageReceived(wire.decode(wire.encode(msg))))
@@ -208,24 +197,10 @@ def check_the_tree_never_changes_the_tokens(world: World, **settings: Any) -> li
 
 
 def small_residual_world(alpha: float = 0.8) -> World:
-    """Different vocabularies, both models with one law after every context: q on 100 common
-    tokens (0.9 of its mass, so that HR's q over C is a kilobyte or so) and 5 LLM-only ones;
-    the draft α·q on C and the rest on 10 common tokens q lacks. A rejection's residual mass
-    is small, so SR-DV's candidates are often all refused and it needs more round trips."""
+    """Two vocabularies and context-free laws whose rejections leave little residual mass
+    (`models.synthetic.small_residual_laws`): SR-DV's candidates are often all refused."""
     world = World(shared=False)
-    align = world.alignment
-    common = [int(t) for t in align.common_target_ids]
-    llm_only = [int(t) for t in np.flatnonzero(align.llm_only)][:5]
-    weights = np.arange(100, 0, -1) / np.arange(100, 0, -1).sum()
-    q = {t: 0.9 * float(w) for t, w in zip(common[:100], weights, strict=True)}
-    q.update({t: 0.1 / len(llm_only) for t in llm_only})
-    to_draft = {t: int(align.target_to_draft[t]) for t in common}
-    draft = {to_draft[t]: alpha * float(w) for t, w in zip(common[:100], weights, strict=True)}
-    draft.update({to_draft[t]: (1 - alpha) / 10 for t in common[100:110]})
-    return world.with_models(
-        FixedLaw(0.0, align.target_width, law=tuple(q.items())),
-        FixedLaw(0.0, align.draft_width, law=tuple(draft.items())),
-    )
+    return world.with_models(*small_residual_laws(world.alignment, alpha))
 
 
 @dataclass

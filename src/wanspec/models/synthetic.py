@@ -22,7 +22,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -90,6 +90,40 @@ class SyntheticSpec:
             out[a] = self.alpha * self.target_weights
             out[b] = (1.0 - self.alpha) / self.draft_extra
         return out
+
+
+@dataclass(frozen=True)
+class FixedLaw(SyntheticSpec):
+    """A synthetic model with one next-token distribution after every context (`law`: token id,
+    mass): its tokens are i.i.d., so an exact method's tokens at every position have that one
+    law and can be pooled over positions and runs."""
+
+    law: tuple[tuple[int, float], ...] = ()
+
+    def probs(self, context: Sequence[int], role: Role) -> np.ndarray:
+        out = np.zeros(self.vocab_size, dtype=np.float64)
+        for token, mass in self.law:
+            out[token] = mass
+        return out
+
+
+def small_residual_laws(alignment: Any, alpha: float = 0.8) -> tuple[FixedLaw, FixedLaw]:
+    """The (target, draft) laws of a pair of two vocabularies (`alignment`: a
+    `VocabAlignment`) whose rejections leave little residual mass: q on 100 common tokens (0.9
+    of its mass, so HR's q over C is a kilobyte or so) and 5 LLM-only ones; the draft α·q on C
+    and the rest on 10 common tokens q lacks. SR-DV's candidates are then often all refused."""
+    common = [int(t) for t in alignment.common_target_ids]
+    llm_only = [int(t) for t in np.flatnonzero(alignment.llm_only)][:5]
+    weights = np.arange(100, 0, -1) / np.arange(100, 0, -1).sum()
+    q = {t: 0.9 * float(w) for t, w in zip(common[:100], weights, strict=True)}
+    q.update({t: 0.1 / len(llm_only) for t in llm_only})
+    to_draft = {t: int(alignment.target_to_draft[t]) for t in common}
+    p = {to_draft[t]: alpha * float(w) for t, w in zip(common[:100], weights, strict=True)}
+    p.update({to_draft[t]: (1 - alpha) / 10 for t in common[100:110]})
+    return (
+        FixedLaw(0.0, alignment.target_width, law=tuple(q.items())),
+        FixedLaw(0.0, alignment.draft_width, law=tuple(p.items())),
+    )
 
 
 _MASK = (1 << 64) - 1
