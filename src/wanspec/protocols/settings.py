@@ -123,6 +123,20 @@ def _help(text: str) -> dict[str, str]:
     return {"help": text}
 
 
+def _auto_help(text: str) -> dict[str, Any]:
+    """The help of a setting that also takes 'auto' (its command-line option accepts it)."""
+    return {**_help(text), "auto": True}
+
+
+# a setting given as 'auto' -> (the cap it becomes, the switch that lets the run choose it)
+_AUTO: dict[str, tuple[int, str]] = {
+    "gamma": (AUTO_GAMMA_MAX, "adaptive_gamma"),
+    "chains_in_flight": (MAX_CHAINS_IN_FLIGHT, "adaptive_depth"),
+    "srdv_k": (AUTO_SRDV_K_MAX, "adaptive_srdv_k"),
+    "srdv_m": (AUTO_SRDV_M_MAX, "adaptive_srdv_m"),
+}
+
+
 @dataclass(frozen=True)
 class GenerationSettings:
     """Everything a request needs; validated on construction so bad settings fail early."""
@@ -135,24 +149,18 @@ class GenerationSettings:
     seed: int = field(default=0, metadata=_help("Seed of the run's random draws."))
     gamma: int = field(
         default=DEFAULT_GAMMA,
-        metadata={
-            **_help(
-                "Draft length: tokens drafted per round; 'auto' (pipelines): chosen per chain "
-                f"from the measured link, up to {AUTO_GAMMA_MAX}."
-            ),
-            "auto": True,
-        },
+        metadata=_auto_help(
+            "Draft length: tokens drafted per round; 'auto' (pipelines): chosen per chain "
+            f"from the measured link, up to {AUTO_GAMMA_MAX}."
+        ),
     )
     chains_in_flight: int = field(
         default=2,
-        metadata={
-            **_help(
-                "deepspec, deepspec-x: chains in flight at once (D), the one awaiting its verdict "
-                "included; "
-                f"'auto': chosen per chain from the measured link, up to {MAX_CHAINS_IN_FLIGHT}."
-            ),
-            "auto": True,
-        },
+        metadata=_auto_help(
+            "deepspec, deepspec-x: chains in flight at once (D), the one awaiting its verdict "
+            "included; "
+            f"'auto': chosen per chain from the measured link, up to {MAX_CHAINS_IN_FLIGHT}."
+        ),
     )
     adaptive_gamma: bool = field(
         default=False,
@@ -171,23 +179,17 @@ class GenerationSettings:
     )
     srdv_k: int = field(
         default=DEFAULT_SRDV_K,
-        metadata={
-            **_help(
-                "SR-DV (xcosd-e, xcosd-auto, acespec-x, deepspec-x): candidates K per set; "
-                f"'auto': chosen per rejection from the measured link, up to {AUTO_SRDV_K_MAX}."
-            ),
-            "auto": True,
-        },
+        metadata=_auto_help(
+            "SR-DV (xcosd-e, xcosd-auto, acespec-x, deepspec-x): candidates K per set; "
+            f"'auto': chosen per rejection from the measured link, up to {AUTO_SRDV_K_MAX}."
+        ),
     )
     srdv_m: int = field(
         default=DEFAULT_SRDV_M,
-        metadata={
-            **_help(
-                "SR-DV: candidate sets M before the fallback on the cloud; 'auto': chosen per "
-                f"rejection from the measured link, up to {AUTO_SRDV_M_MAX}."
-            ),
-            "auto": True,
-        },
+        metadata=_auto_help(
+            "SR-DV: candidate sets M before the fallback on the cloud; 'auto': chosen per "
+            f"rejection from the measured link, up to {AUTO_SRDV_M_MAX}."
+        ),
     )
     adaptive_srdv_k: bool = field(
         default=False,
@@ -249,18 +251,10 @@ class GenerationSettings:
         if not isinstance(self.stop, list | tuple):
             raise ValueError(f"invalid setting stop={shown(self.stop)}: must be a list of strings")
         object.__setattr__(self, "stop", tuple(self.stop))
-        if self.gamma == "auto":  # the controller's upper limit, and the switch that enables it
-            object.__setattr__(self, "gamma", AUTO_GAMMA_MAX)
-            object.__setattr__(self, "adaptive_gamma", True)
-        if self.chains_in_flight == "auto":
-            object.__setattr__(self, "chains_in_flight", MAX_CHAINS_IN_FLIGHT)
-            object.__setattr__(self, "adaptive_depth", True)
-        if self.srdv_k == "auto":
-            object.__setattr__(self, "srdv_k", AUTO_SRDV_K_MAX)
-            object.__setattr__(self, "adaptive_srdv_k", True)
-        if self.srdv_m == "auto":
-            object.__setattr__(self, "srdv_m", AUTO_SRDV_M_MAX)
-            object.__setattr__(self, "adaptive_srdv_m", True)
+        for name, (cap, switch) in _AUTO.items():
+            if getattr(self, name) == "auto":  # the controller's upper limit, and its switch
+                object.__setattr__(self, name, cap)
+                object.__setattr__(self, switch, True)
         for name, (ok, rule) in _RULES.items():
             value = getattr(self, name)
             if not ok(value):

@@ -265,14 +265,14 @@ class SpecEdge(EdgeMachine):
     def _upload(self) -> list[Action]:
         msg = self.draft_message(self.round)
         self.round.sent_at = self.now
+        if self.link is not None:
+            self.round.sent_bits = wire.bits(msg)
         self.pending_echo = []
         self.enter(EdgeState.WAITING)
-        return [*self._set_first_candidates(msg), Send(msg)]
+        return [*self._set_first_candidates(), Send(msg)]
 
-    def _set_first_candidates(self, draft: Draft) -> list[Action]:
+    def _set_first_candidates(self) -> list[Action]:
         """Tell the cloud the first set's K before a draft, when the planner changed it."""
-        if self.link is not None:
-            self.round.sent_bits = wire.bits(draft)
         if self.candidates is None:
             return []
         k = self.candidates.k
@@ -377,8 +377,8 @@ class SpecEdge(EdgeMachine):
         if isinstance(decision, Ask):
             if self.link is not None:
                 self.asked = (self.now, wire.bits(decision.msg))
-            if self.candidates is not None and isinstance(decision.msg, wire.DraftWithDists):
-                self.candidates.observe_fallback(wire.bits(decision.msg))
+                if self.candidates is not None and isinstance(decision.msg, wire.DraftWithDists):
+                    self.candidates.observe_fallback(self.asked[1])
             return [Send(decision.msg)]
         if self.candidates is not None and rnd.accepts:
             self.candidates.observe_position(sum(rnd.accepts) / len(rnd.accepts))
