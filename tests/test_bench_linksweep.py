@@ -190,7 +190,7 @@ def _goal_rows(deep_300: float, deep_10: float, auto_best: float, auto_end: floa
     deep = {10.0: deep_10, 300.0: deep_300}
     rows = []
     for rtt, bps in points:
-        rows.append(_row("deepspec", D, rtt, bps, ace=deep.get(rtt, 1.0)))
+        rows.append(_row("deepspec-tree", D, rtt, bps, ace=deep.get(rtt, 1.0)))
         for method in linksweep.PIPELINES:
             end = auto_end if bps == 5e4 else 1.2
             rows.append(_row(method, "auto", rtt, bps, best=auto_best, default=end))
@@ -199,11 +199,11 @@ def _goal_rows(deep_300: float, deep_10: float, auto_best: float, auto_end: floa
 
 def test_goals_are_judged_at_their_thresholds() -> None:
     met = linksweep.goals(_goal_rows(1.3, 1.0, 0.95, 1.15))
-    assert len(met) == 6 and all(g.met for g in met), [str(g) for g in met]
+    assert len(met) == 8 and all(g.met for g in met), [str(g) for g in met]
     assert linksweep.verdict(met) == {"a": True, "b": True}
     text = [str(g) for g in met]
     assert text[0] == (
-        "- (a) deepspec ≥ 1.3× acespec at RTT ≥ 150 ms (γ = 4): **met** — "
+        "- (a) deepspec-tree ≥ 1.3× acespec at RTT ≥ 150 ms (γ = 4): **met** — "
         "RTT 300 ms, 100 Mbit/s: 1.300×"
     )
     assert "lowest at RTT 10 ms, 100 Mbit/s: 1.000×" in text[1]
@@ -215,8 +215,9 @@ def test_goals_are_judged_at_their_thresholds() -> None:
         return {g.text for g in found if not g.met}
 
     base = {"auto_best": 0.95, "auto_end": 1.15}
-    assert failing(deep_300=1.29, **base) == {"deepspec ≥ 1.3× acespec at RTT ≥ 150 ms (γ = 4)"}
-    assert failing(deep_10=0.99, **base) == {"deepspec never below acespec (γ = 4)"}
+    goal_a = "deepspec-tree ≥ 1.3× acespec at RTT ≥ 150 ms (γ = 4)"
+    assert failing(deep_300=1.29, **base) == {goal_a}
+    assert failing(deep_10=0.99, **base) == {"deepspec-tree never below acespec (γ = 4)"}
     assert failing(auto_best=0.949, auto_end=1.15) == {
         f"{m} auto within 5 % of the best fixed γ at every point" for m in linksweep.PIPELINES
     }

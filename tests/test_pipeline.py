@@ -79,12 +79,51 @@ def test_deepspec_gives_acespecs_tokens_with_chains_sent_ahead(
     tally.check(chains)
 
 
+def test_deepspec_tree_tokens_do_not_depend_on_the_link_the_depth_or_the_tree(
+    shared_world: World,
+) -> None:
+    """Forks change only when a chain is verified: the cloud draws each rejected position's
+    token in output order and every draft from its position's stream, so a seed gives the same
+    tokens on any link, at any depth, budget and number of forks (at most `forks_per_tree` a
+    tree). Edge and cloud agree on the rounds verified;
+    every chain the cloud dropped is one the edge counts stale (a chain sent ahead it cancelled,
+    a fork it did not take; the last ones may still be on their way at the end), and forks were
+    taken."""
+    cases = [
+        (Link(1e7, 0.02), 2, 4, 1024),
+        (Link(1e6, 0.3), 3, 16, 1),
+        (Link(1e8, 0.15), 1, 1, 1024),
+        (Link(1e7, 0.15), 2, 8, 0),
+    ]
+    taken = 0
+    for seed in range(3):
+        runs = []
+        for link, chains, budget, forks in cases:
+            sim, edge, cloud = shared_world.run(
+                "deepspec-tree", link=link, chains_in_flight=chains, tree_budget=budget,
+                forks_per_tree=forks, seed=seed, max_new_tokens=40, gamma=3, temperature=1.2,
+            )  # fmt: skip
+            assert sim.finish_reason == "length" and sim.cloud_finish is None
+            c = edge.counters
+            assert c.get("forks_sent", 0) <= forks * c["tree_rounds"]
+            stale = (
+                c.get("stale_chains_ahead", 0) + c.get("forks_sent", 0) - c.get("forks_taken", 0)
+            )
+            assert cloud.counters.get("stale_drafts", 0) <= stale
+            assert len(edge.accepted_per_round) == cloud.counters["rounds"]
+            taken += c.get("forks_taken", 0)
+            runs.append(sim.tokens)
+        assert runs[0] == runs[1] == runs[2] == runs[3]
+    assert taken > 0
+
+
 def test_deepspec_sends_nothing_ahead_past_the_tokens_asked_for(shared_world: World) -> None:
     """A chain whose base would reach max_new_tokens is never sent (the cloud would refuse it)."""
     for seed in range(6):
-        sim, _, _ = shared_world.run("deepspec", seed=seed, max_new_tokens=5, gamma=4)
-        assert sim.finish_reason == "length" and len(sim.tokens) == 5
-        assert sim.cloud_finish is None or not sim.cloud_finish.startswith("error")
+        for method in ("deepspec", "deepspec-tree"):
+            sim, _, _ = shared_world.run(method, seed=seed, max_new_tokens=5, gamma=4)
+            assert sim.finish_reason == "length" and len(sim.tokens) == 5
+            assert sim.cloud_finish is None or not sim.cloud_finish.startswith("error")
 
 
 def test_acespec_x_tokens_do_not_depend_on_the_tree(hetero_world: World) -> None:

@@ -179,7 +179,8 @@ def drafts_with_dists(draw: st.DrawFn) -> DraftWithDists:
     probs = draw(st.lists(COUNT, min_size=len(tokens), max_size=len(tokens)) | st.just([]))
     committed = draw(st.lists(TOKEN_ID, max_size=2))
     rnd, base = draw(st.integers(0, 999)), draw(st.integers(0, 999))
-    return DraftWithDists(rnd, base, committed, tokens, probs, width, positions, ds)
+    fork = draw(st.none() | st.tuples(st.integers(0, 2**63 - 1), TOKEN_ID))
+    return DraftWithDists(rnd, base, committed, tokens, probs, width, positions, ds, fork)
 
 
 @st.composite
@@ -322,19 +323,34 @@ def test_the_draft_only_flags_ride_under_the_token_count(n: int, flag: str, bit:
     assert flagged[start + 2] & 0x7F == (n << 4 | 1 | bit) & 0x7F  # probs | flag under the count
 
 
-@pytest.mark.parametrize(("flag", "bit"), [("srdv", 4), ("ahead", 8)])
-def test_a_draft_with_dists_carrying_a_draft_only_flag_is_refused(flag: str, bit: int) -> None:
-    """Only a round's Draft names its mechanism or says it was sent ahead; the same bit on a
-    DraftWithDists is a malformed frame, refused by name before any id is read."""
-    msg = DraftWithDists(1, 0, (), (2,), (), 4, (0,), (Dist(4, [2], [PROB_SCALE]),))
-    data = bytearray(encode(msg))
+def _one_dist_draft(**flags: object) -> DraftWithDists:
+    return DraftWithDists(1, 0, (), (2,), (), 4, (0,), (Dist(4, [2], [PROB_SCALE]),), **flags)
+
+
+@pytest.mark.parametrize("fork", [(300, 3), (0, 0), None])
+def test_a_draft_with_dists_carries_a_fork_on_the_srdv_bit(fork: tuple | None) -> None:
+    """A fork costs its round's and token's varints, and rides on the bit that means srdv on a
+    Draft."""
+    plain, forked = encode(_one_dist_draft()), encode(_one_dist_draft(fork=fork))
+    extra = 0 if fork is None else vlen(fork[0]) + vlen(fork[1])
+    assert len(forked) == len(plain) + extra
+    assert decode(forked).fork == fork
+    _, start, _ = parse_header(forked)
+    assert forked[start + 2] == 1 << 4 | (0 if fork is None else 4)
+
+
+def test_a_draft_with_dists_carrying_the_ahead_flag_is_refused() -> None:
+    """Only a Draft says it was sent ahead (a DraftWithDists names its round in a fork): the
+    bit on a DraftWithDists is a malformed frame, refused by name before any id is read."""
+    data = bytearray(encode(_one_dist_draft()))
     _, start, _ = parse_header(bytes(data))
-    assert data[start + 2] == 1 << 4  # round 1, base 0, one token, no flags
-    data[start + 2] |= bit
-    with pytest.raises(WireError, match=f"the {flag} flag is set, but only a Draft carries it"):
+    data[start + 2] |= 8
+    with pytest.raises(WireError, match="the ahead flag is set, but only a Draft carries it"):
         decode(bytes(data))
     with pytest.raises(TypeError):
-        DraftWithDists(1, 0, (), (2,), (), 4, (0,), (Dist(4, [2], [PROB_SCALE]),), **{flag: True})
+        _one_dist_draft(ahead=True)
+    with pytest.raises(WireError, match="fork is"):
+        _one_dist_draft(fork=(1, 2, 3))
 
 
 def test_verify_result_with_bonus_is_small() -> None:

@@ -65,6 +65,7 @@ FULL = {
     DraftWithDists: DraftWithDists(
         1, 2, (3, 300), (4, 500), (100, 200), 4, (0, 1),
         (Dist.from_dense(np.array([30_000, 35_535, 0, 0])), Dist(4, [2], [65_535])),
+        fork=(5, 600),
     ),
     HiddenStates: HiddenStates(1, np.ones((2, 3), np.float16)),
     FirstCandidates: FirstCandidates(4),
@@ -96,8 +97,8 @@ LAYOUT = {
     Resumed: ["received"],
     Draft: ["round", "base", "token count", "tokens", "committed count", "committed", "probs"],
     DraftWithDists: ["round", "base", "token count", "tokens", "committed count", "committed",
-                     "probs", "width", "dist count", "dists[1] precision",
-                     "dists[1] tag", "dists[1]", "dists[1] counts"],
+                     "fork round", "fork token", "probs", "width", "dist count",
+                     "dists[1] precision", "dists[1] tag", "dists[1]", "dists[1] counts"],
     HiddenStates: ["round", "hidden states ndim", "hidden states dim", "hidden states"],
     FirstCandidates: ["k"],
     VerifyResult: ["round", "accepted", "flags", "token", "dist width", "dist precision",

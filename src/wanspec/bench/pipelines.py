@@ -1,6 +1,6 @@
-"""What the experiments that run the pipelines (picospec, acespec, deepspec, acespec-x,
-deepspec-x) share: one cell under a setup of models, link and sampling, the measures every
-pipeline table draws on (per-token α as AceSpec's planner counts it, hit rates, budgets),
+"""What the experiments that run the pipelines (picospec, acespec, deepspec, deepspec-tree,
+acespec-x, deepspec-x) share: one cell under a setup of models, link and sampling, the measures
+every pipeline table draws on (per-token α as AceSpec's planner counts it, hit rates, budgets),
 AceSpec's ideal-pipeline bound, and the line plot of a sweep. `bench.acespec` and
 `bench.linksweep` both build on it, so neither experiment module imports the other.
 """
@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 TREE_METHODS = (
     "acespec",
     "deepspec",
+    "deepspec-tree",
     "acespec-x",
     "deepspec-x",
 )  # the methods that take tree_* settings

@@ -20,6 +20,7 @@ class MethodInfo:
     source: str = ""
     family: str = "speculative"  # speculative | pipeline | ar | split: which machines run it
     sends_ahead: bool = False  # a pipeline that sends the next chain before the verdict
+    sends_forks: bool = False  # … and its trees' branches, which the cloud takes on a rejection
     # the driver's clock steers what the machines draw (each round's law stays exact), so a
     # seed's tokens, messages and bits depend on the link's and the compute's timing
     tokens_follow_timing: bool = False
@@ -161,6 +162,20 @@ METHODS: dict[str, MethodInfo] = {
             source="wanspec (in neither paper)",
             family="pipeline",
             sends_ahead=True,
+        ),
+        MethodInfo(
+            "deepspec-tree",
+            True,
+            "DeepSpec whose cloud also resolves a rejection itself (UL: p̃ travels with each "
+            "chain) and goes straight on to the matching branch of the tree, which the edge "
+            "sent as a fork once drafted: a rejection costs no round trip when its branch is in "
+            "the tree",
+            spec.UplinkDists,
+            True,
+            source="wanspec (in neither paper)",
+            family="pipeline",
+            sends_ahead=True,
+            sends_forks=True,
         ),
         MethodInfo(
             "acespec-x",

@@ -109,6 +109,8 @@ class Speculation:
     passes_done: int = 0
     passes_planned: int = 0
     nodes: int = 0
+    # the branches sent as forks (`deepspec-tree`), by the verdict that takes them
+    forks: dict[tuple[int, int], Round] = field(default_factory=dict)
 
     @property
     def drafted(self) -> bool:
@@ -158,12 +160,16 @@ class PipelineEdge(SpecEdge):
         *,
         planner: BranchPlanner | None,
         send_ahead: bool = False,
+        send_forks: bool = False,
         controller: ChainController | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.planner = planner
         self.send_ahead = send_ahead
+        self.send_forks = send_forks
+        if send_forks and not self.scheme.uploads_dists:
+            raise ValueError("forks need a cloud that draws the rejected position's token itself")
         self.controller = controller
         self.depth_limit = self.settings.chains_in_flight if send_ahead else 1
         self.next_length = self.settings.gamma if controller is None else controller.start
@@ -319,7 +325,8 @@ class PipelineEdge(SpecEdge):
         if not spec.drafted:
             return [self._tree_pass(spec)]
         if self.state == EdgeState.WAITING:
-            return self._send_ahead()
+            forks = self._send_forks(spec)  # before the next chain joins those in flight
+            return [*self._send_ahead(), *forks]
         if self.state == EdgeState.STALLED:
             key, self.pending_key = self.pending_key, None
             assert key is not None
@@ -346,7 +353,11 @@ class PipelineEdge(SpecEdge):
         full = 1 + len(self.ahead) >= self.chains_in_flight
         if full or branch is None or base >= self.settings.max_new_tokens:
             return []
-        rnd = _chain_of(branch, Round(self._rounds, base, ahead=True))
+        if self.send_forks:  # continues the newest chain accepted whole: its last token stays
+            rnd = Round(self._rounds, base, fork=(self._newest_chain.index, branch.root))
+        else:
+            rnd = Round(self._rounds, base, ahead=True)
+        rnd = _chain_of(branch, rnd)
         self._rounds += 1
         alternatives = self._ranked(branch)
         offset = newest.offset + newest.nodes
@@ -355,6 +366,32 @@ class PipelineEdge(SpecEdge):
         self.most_in_flight = max(self.most_in_flight, 1 + len(self.ahead))
         self.count("chains_sent_ahead")
         return [Send(self.draft_message(rnd)), self._tree_pass(spec)]
+
+    def _send_forks(self, spec: Speculation) -> list[Action]:
+        """Send the alternative branches of a chain's drafted tree as forks (`deepspec-tree`),
+        up to `forks_per_tree`, the shallowest and likeliest first: each is the chain the cloud
+        verifies next, at once, if the verdict rejects the token at the branch's depth and
+        draws the branch's root there."""
+        if not self.send_forks:
+            return []
+        chain, limit = self._newest_chain, self.settings.max_new_tokens
+        branches = [b for b in spec.branches if b.depth < spec.depth]  # depth, then rank order
+        sends = []
+        for branch in branches[: self.settings.forks_per_tree]:
+            base = spec.base + branch.depth + 1
+            if base >= limit:
+                continue
+            rnd = _chain_of(branch, Round(self._rounds, base, fork=(chain.index, branch.root)))
+            self._rounds += 1
+            spec.forks[branch.depth, branch.root] = rnd
+            sends.append(Send(self.draft_message(rnd)))
+        self.count("forks_sent", len(sends))
+        return sends
+
+    @property
+    def _newest_chain(self) -> Round:
+        """The chain whose tree is the newest: the last sent ahead, else the one awaiting."""
+        return self.ahead[-1].round if self.ahead else self.round
 
     def _ranked(self, branch: Branch) -> list[list[int]]:
         """Per depth of a branch become a chain, the alternatives its tree may branch on."""
@@ -441,6 +478,9 @@ class PipelineEdge(SpecEdge):
     def _continue(self, key: tuple[int, int | None]) -> list[Action]:
         spec = self.spec
         branch = None if spec is None else spec.find(*key)
+        if spec is not None and key[1] is not None and key in spec.forks:
+            assert branch is not None
+            return self._take_fork(branch, spec.forks[key])  # type: ignore[index]
         if self.ahead:
             if key[1] is None:  # accepted whole: the next chain is already with the cloud
                 assert branch is not None
@@ -466,6 +506,25 @@ class PipelineEdge(SpecEdge):
             self.count("wasted_tree_nodes", spec.nodes)
         self.spec = None
         return [*self.cancel_all(), *self._begin_round()]
+
+    def _take_fork(self, branch: Branch, fork: Round) -> list[Action]:
+        """The verdict took a branch sent as a fork: the cloud verifies it now, so it is the
+        chain awaiting its verdict. Keep its cache path, cancel the chains sent ahead (stale),
+        and draft its tree."""
+        if not self._fits(branch):
+            raise RuntimeError("the fork taken does not spell the committed context")
+        self.count("forks_taken")
+        stale: list[Action] = []
+        if self.ahead:
+            self.count("stale_chains_ahead", len(self.ahead))
+            self.ahead = []
+            stale = self.cancel(Purpose.TREE)
+        if self.controller is not None:
+            self.controller.observe_outcome(True)
+        keep = self._keep_branch(branch)
+        self.round, self.sent_at = fork, None
+        self.enter(EdgeState.WAITING)
+        return [*stale, keep, *self._speculate()]
 
     def _fits(self, branch: Branch) -> bool:
         """The kept cache path must spell exactly the committed draft context (across

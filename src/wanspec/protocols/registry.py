@@ -147,7 +147,11 @@ def make_edge(
             else None
         )
         return PipelineEdge(
-            planner=planner, send_ahead=info.sends_ahead, controller=controller, **drafting
+            planner=planner,
+            send_ahead=info.sends_ahead,
+            send_forks=info.sends_forks,
+            controller=controller,
+            **drafting,
         )
     return SpecEdge(**drafting)
 

@@ -114,6 +114,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
         _int_in(1, MAX_CHAINS_IN_FLIGHT),
         f"an integer in [1, {MAX_CHAINS_IN_FLIGHT}]",
     ),
+    "forks_per_tree": (_int_in(0, MAX_TREE_TIPS), f"an integer in [0, {MAX_TREE_TIPS}]"),
     "draft_reshape": (_real_in(0.0, 1.0, open_low=True), "a number in (0, 1] (1 = off)"),
     "draft_reshape_top": (_int_in(1, MAX_CANDIDATES), f"an integer in [1, {MAX_CANDIDATES}]"),
 }
@@ -236,6 +237,13 @@ class GenerationSettings:
     tree_fixed: bool = field(
         default=False,
         metadata=_help("AceSpec: always use the full tree budget, ignoring the network window."),
+    )
+    forks_per_tree: int = field(
+        default=MAX_TREE_TIPS,
+        metadata=_help(
+            "deepspec-tree: at most this many of a tree's branches go up as forks, the likeliest "
+            "first (each carries its p̃: on a slow uplink, fewer); 0 = none."
+        ),
     )
     # The draft may propose from any law it reports exactly: moving its mass off the tokens a
     # tree caches moves a rejection's residual onto them (more hits, at some acceptance).

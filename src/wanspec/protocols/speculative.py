@@ -70,6 +70,7 @@ class Round:
     replies: int = 0  # replies about the rejected position so far (the verdict's included)
     srdv: bool = False  # a rejection is resolved by SR-DV, not HR (chosen before drafting)
     ahead: bool = False  # sent before the verdict on the round before it (`Draft.ahead`)
+    fork: tuple[int, int] | None = None  # continues that round's rejection (`DraftWithDists.fork`)
     sent_at: float | None = None  # the driver's clock when the draft went out, if it stamps one
     sent_bits: int = 0  # the draft's bits on the wire (counted only where K or M are chosen)
     accepts: list[float] = field(default_factory=list)  # SR-DV: each candidate's acceptance odds
@@ -336,6 +337,7 @@ class SpecEdge(EdgeMachine):
             width=self.alignment.target_width,
             dist_positions=tuple(positions),
             dists=tuple(wire_dist(rnd.dists[i]) for i in positions),
+            fork=rnd.fork,
         )
 
     # ---- replies
@@ -564,11 +566,15 @@ class SpecCloud(Machine):
 
     def _current(self, msg: Draft) -> bool:
         """Whether a draft extends the output as it stands: its base is the output's length and,
-        for a chain sent ahead, the round before it was the last verified, accepted whole."""
+        for a chain sent ahead, the round before it was the last verified, accepted whole; for
+        a fork, its round was the last verified and left the fork's token last in the output."""
         if msg.base != len(self.output):
             return False
         if isinstance(msg, wire.Draft) and msg.ahead:
             return self.last_verified == (msg.round - 1, True)
+        if isinstance(msg, wire.DraftWithDists) and msg.fork is not None:
+            last = self.last_verified
+            return last is not None and last[0] == msg.fork[0] and self.output[-1] == msg.fork[1]
         return True
 
     def _check_draft(self, msg: Draft) -> None:
@@ -584,6 +590,7 @@ class SpecCloud(Machine):
             # has no round before it
             reason = "committed tokens" if msg.committed else "no round before it"
             raise _bad_draft(msg, f"it is sent ahead but has {reason}")
+        self._check_fork(msg)
         gamma = self.settings.gamma
         if len(msg.tokens) > gamma:
             reason = f"{len(msg.tokens)} tokens, but the request's gamma is {gamma}"
@@ -603,6 +610,16 @@ class SpecCloud(Machine):
         zero = [i for i, p in enumerate(msg.probs) if p <= 0]
         if zero:
             raise _bad_draft(msg, f"token {zero[0]} has p(x) = 0: it could not have been drafted")
+
+    def _check_fork(self, msg: Draft) -> None:
+        """A fork continues the verdict of an earlier round, whose token at a rejection the
+        cloud draws itself: only such a method sends one, and it commits nothing."""
+        if not isinstance(msg, wire.DraftWithDists) or msg.fork is None:
+            return
+        if not self.scheme.uploads_dists or self.bonus:
+            raise _bad_draft(msg, "it is a fork, but this method sends no chain before a verdict")
+        if msg.committed or msg.fork[0] >= msg.round or msg.base == 0:
+            raise _bad_draft(msg, "a fork continues an earlier round and commits nothing")
 
     def _check_room(self, msg: Draft) -> None:
         """A draft past the tokens the request asked for is refused: the edge should have

@@ -10,7 +10,8 @@ accepts and `Limits.with_vocab(V)` adds the per-connection token-id bound.
 
 Costs (v(x) = bytes of the LEB128 varint of x; a frame with an L-byte payload is 2 + v(L) + L):
 - Draft, γ tokens, probs, nothing committed: L = v(round) + v(base) + v(16γ+1) + Σ v(x_i) + 2γ
-  (v(16γ+5) with the srdv flag, v(16γ+9) with the ahead flag).
+  (v(16γ+5) with the srdv flag, v(16γ+9) with the ahead flag). A DraftWithDists with a fork
+  (round r, token t) takes v(16γ+5) there and v(r) + v(t) more.
 - VerifyResult: L = v(round) + v(accepted) + 1 (presence flags) + each present field:
   token v(id); dist v(W) + 1 (precision) + min(dense, sparse) with, over the n non-zero
   counts c_k, dense = 1 + (W − n) + Σ v(c_k) and sparse = v(n+1) + Σ v(id_k − id_{k−1} − 1) +

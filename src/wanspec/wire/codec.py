@@ -10,6 +10,8 @@ is a varint at that precision, SR-DV candidates carry q(y) as float64, and a dra
 flag bits under its token count (probs, committed, srdv, ahead), so a version-3 peer would
 misread it.
 Version 5: adds FirstCandidates (type 19), which a version-4 peer would not know.
+Version 6: a DraftWithDists may carry a fork (round, token); on it the flag bit that means
+srdv on a Draft means fork, so a version-5 peer would refuse it.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from wanspec.wire.messages import (
 )
 from wanspec.wire.validate import U63, settings_json, validate
 
-WIRE_VERSION = 5
+WIRE_VERSION = 6
 _MAGIC = 0xA0  # high nibble of the first byte; the low nibble is the version
 
 
@@ -261,15 +263,18 @@ def _dec_start(r: Reader, limits: Limits) -> StartRequest:
 
 
 # ----------------------------------------------------------------------------- uplink messages
-_PROBS, _COMMITTED, _SRDV, _AHEAD = 1, 2, 4, 8  # flag bits packed under the token count
+# flag bits packed under the token count; on a DraftWithDists the srdv bit means fork
+_PROBS, _COMMITTED, _SRDV, _AHEAD = 1, 2, 4, 8
+_FORK = _SRDV
 _DRAFT_FLAG_BITS = 4
-_DRAFT_ONLY = {_SRDV: "srdv", _AHEAD: "ahead"}  # the flags only a Draft carries
 
 
 def _enc_draft_head(w: Writer, m: Draft | DraftWithDists) -> None:
     flags = (_PROBS if m.probs else 0) | (_COMMITTED if m.committed else 0)
     if isinstance(m, Draft):
         flags |= (_SRDV if m.srdv else 0) | (_AHEAD if m.ahead else 0)
+    elif m.fork is not None:
+        flags |= _FORK
     w.varint(m.round)
     w.varint(m.base)
     w.varint(len(m.tokens) << _DRAFT_FLAG_BITS | flags)
@@ -280,18 +285,14 @@ def _enc_draft_head(w: Writer, m: Draft | DraftWithDists) -> None:
 
 
 def _dec_draft_head(
-    r: Reader, limits: Limits, *, draft: bool
+    r: Reader, limits: Limits
 ) -> tuple[int, int, tuple[int, ...], tuple[int, ...], int]:
-    """Round, base, tokens, committed and the flag bits; the flags only a Draft carries (srdv,
-    ahead) are refused on any other message (`draft` False), before any id is read."""
+    """Round, base, tokens, committed and the flag bits."""
     rnd = r.varint("round", U63)
     base = r.varint("base", U63)
     mask = (1 << _DRAFT_FLAG_BITS) - 1
     head = r.varint("token count", limits.max_tokens << _DRAFT_FLAG_BITS | mask)
     n, flags = head >> _DRAFT_FLAG_BITS, head & mask
-    for bit, name in _DRAFT_ONLY.items():
-        if flags & bit and not draft:
-            raise WireError(f"the {name} flag is set, but only a Draft carries it")
     r.need(n, "tokens")
     tokens = _get_ids(r, n, "tokens", limits)
     committed: tuple[int, ...] = ()
@@ -313,7 +314,7 @@ def _enc_draft(w: Writer, m: Draft) -> None:
 
 
 def _dec_draft(r: Reader, limits: Limits) -> Draft:
-    rnd, base, tokens, committed, flags = _dec_draft_head(r, limits, draft=True)
+    rnd, base, tokens, committed, flags = _dec_draft_head(r, limits)
     probs = _get_probs(r, len(tokens)) if flags & _PROBS else ()
     srdv, ahead = bool(flags & _SRDV), bool(flags & _AHEAD)
     return Draft(rnd, base, committed, tokens, probs, srdv, ahead)
@@ -327,6 +328,9 @@ _MIN_DIST_BYTES = 6
 
 def _enc_draft_dists(w: Writer, m: DraftWithDists) -> None:
     _enc_draft_head(w, m)
+    if m.fork is not None:
+        w.varint(m.fork[0])
+        w.varint(m.fork[1])
     w.u16s(m.probs)
     w.varint(m.width)
     w.varint(len(m.dists))
@@ -336,13 +340,18 @@ def _enc_draft_dists(w: Writer, m: DraftWithDists) -> None:
 
 
 def _dec_draft_dists(r: Reader, limits: Limits) -> DraftWithDists:
-    rnd, base, tokens, committed, flags = _dec_draft_head(r, limits, draft=False)
+    rnd, base, tokens, committed, flags = _dec_draft_head(r, limits)
+    if flags & _AHEAD:
+        raise WireError("the ahead flag is set, but only a Draft carries it")
+    fork = None
+    if flags & _FORK:
+        fork = (r.varint("fork round", U63), _get_ids(r, 1, "fork token", limits)[0])
     probs = _get_probs(r, len(tokens)) if flags & _PROBS else ()
     width = r.varint("width", min(limits.max_width, limits.id_bound))
     n = r.count("dist count", min(limits.max_dists, len(tokens)), _MIN_DIST_BYTES)
     positions = tuple(_get_increasing(r, n, "dist_positions", len(tokens)).tolist())
     dists = tuple(_get_dist_body(r, width, f"dists[{k}]") for k in range(n))
-    return DraftWithDists(rnd, base, committed, tokens, probs, width, positions, dists)
+    return DraftWithDists(rnd, base, committed, tokens, probs, width, positions, dists, fork)
 
 
 def _enc_hidden(w: Writer, m: HiddenStates) -> None:

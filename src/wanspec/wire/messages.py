@@ -333,13 +333,18 @@ class Draft:
 
 @dataclass(frozen=True)
 class DraftWithDists:
-    """Edge → cloud (UL, U-HLM, SD's answer): a Draft plus full draft distributions p_i.
+    """Edge → cloud (UL, U-HLM, SD's answer, `deepspec-tree`): a Draft plus full draft
+    distributions p_i.
 
     dist_positions: strictly increasing indices into `tokens`; dists[k] is p at dist_positions[k],
     a complete distribution over `width` ids (the target's index space). It has no `srdv` or
-    `ahead` flag: a round's mechanism is named by its Draft, and this message is never such a
-    Draft (UL and U-HLM choose nothing and send nothing ahead; SD's answer and SR-DV's fallback
+    `ahead` flag: a round's mechanism is named by its Draft (SD's answer and SR-DV's fallback
     follow the round's verdict).
+    fork: (r, t): this chain was sent before the verdict on round r (`deepspec-tree`) and
+      continues it as if that verdict left token t at output position base − 1: r accepted whole
+      with t its last token (the tree's continuation), or r rejected there and t drawn by the
+      cloud (one of the tree's branches). The cloud verifies it only if that is what round r's
+      verdict did, and otherwise drops it as stale.
     """
 
     round: int
@@ -350,6 +355,7 @@ class DraftWithDists:
     width: int = 0
     dist_positions: tuple[int, ...] = ()
     dists: tuple[Dist, ...] = ()
+    fork: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         _set(self, "round", _index(self.round, "round"))
@@ -360,6 +366,11 @@ class DraftWithDists:
         _set(self, "width", _index(self.width, "width"))
         _set(self, "dist_positions", _ints(self.dist_positions, "dist_positions"))
         _set(self, "dists", tuple(self.dists))
+        if self.fork is not None:
+            fork = _ints(self.fork, "fork")
+            if len(fork) != 2:
+                raise WireError(f"fork is (round, token), got {len(fork)} values")
+            _set(self, "fork", fork)
 
 
 @dataclass(frozen=True, eq=False)

@@ -205,6 +205,9 @@ def _draft(m: Draft, limits: Limits) -> None:
 
 def _draft_dists(m: DraftWithDists, limits: Limits) -> None:
     _draft_common(m, limits, len(m.tokens))
+    if m.fork is not None:
+        check_uint(m.fork[0], "fork round")
+        check_ids(m.fork[1:], "fork token", limits)
     check_uint(m.width, "width", min(limits.max_width, limits.id_bound))
     check_positions(m.dist_positions, len(m.tokens), "dist_positions")
     if len(m.dists) != len(m.dist_positions):
