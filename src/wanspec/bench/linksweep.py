@@ -466,12 +466,13 @@ def verdict(found: Sequence[Goal]) -> dict[str, bool]:
 def _summary(rows: list[Row]) -> str:
     """Per pair: both sweeps' tables, each goal with its numbers, and the verdict line."""
     parts = [
-        "Each cell: tokens/s over the prompts [95 % interval]; ar, sd, picospec and "
-        f"{', '.join(PIPELINES)} at γ = {DEFAULT_GAMMA}; *best fixed*: the fixed γ of the sweep "
-        "with the most tokens/s there; *ideal bound*: AceSpec's pipeline with one chain in "
-        "flight that never misses, at its best γ (bandwidth not counted). The goals' ratios "
-        "are tokens/s over tokens/s with a paired interval over the prompts; met or not "
-        "compares the point estimate with the goal, the interval says how sure that is.",
+        "Each cell: tokens/s over the prompts [95 % interval]; "
+        f"{', '.join((*BASELINES, *PIPELINES))} at γ = {DEFAULT_GAMMA}; "
+        "*best fixed*: the fixed γ of the sweep with the most tokens/s there; "
+        "*ideal bound*: AceSpec's pipeline with one chain in flight that never misses, at its "
+        "best γ (bandwidth not counted). The goals' ratios are tokens/s over tokens/s with a "
+        "paired interval over the prompts; met or not compares the point estimate with the "
+        "goal, the interval says how sure that is.",
         "",
     ]
     for pair in dict.fromkeys(r["pair"] for r in rows):

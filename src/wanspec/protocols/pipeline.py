@@ -56,7 +56,10 @@ from wanspec.protocols.budget import BranchPlanner, ranked_capture
 from wanspec.protocols.control import ChainController
 from wanspec.protocols.schemes import dist_probs
 from wanspec.protocols.speculative import EdgeState, Round, SpecEdge
+from wanspec.protocols.uplink import UplinkModel
 from wanspec.sampling.proposal import DraftRow
+
+FORKS_UNMEASURED = 2  # forks a tree sends before the uplink's rate is measured
 
 
 def draft_rng(seed: int, position: int) -> np.random.Generator:
@@ -109,6 +112,7 @@ class Speculation:
     passes_done: int = 0
     passes_planned: int = 0
     nodes: int = 0
+    started_at: float | None = None  # when its first pass went out (the driver's clock)
     # the branches sent as forks (`deepspec-tree`), by the verdict that takes them
     forks: dict[tuple[int, int], Round] = field(default_factory=dict)
 
@@ -170,6 +174,9 @@ class PipelineEdge(SpecEdge):
         self.send_forks = send_forks
         if send_forks and not self.scheme.uploads_dists:
             raise ValueError("forks need a cloud that draws the rejected position's token itself")
+        # what the uplink carries, so that forks never hold up the next chain
+        self.uplink = UplinkModel() if send_forks else None
+        self.lone_send: Any = None  # the uplink ticket of the chain sent alone, if any
         self.controller = controller
         self.depth_limit = self.settings.chains_in_flight if send_ahead else 1
         self.next_length = self.settings.gamma if controller is None else controller.start
@@ -243,7 +250,15 @@ class PipelineEdge(SpecEdge):
     def _upload(self) -> list[Action]:
         actions = super()._upload()
         self.sent_at = self.now
+        chains = [a.msg for a in actions if isinstance(a, Send) and hasattr(a.msg, "tokens")]
+        self.lone_send = self._log_send(chains[-1]) if chains else None
         return [*actions, *self._speculate()]
+
+    def _log_send(self, msg: Any, bits: int | None = None) -> Any:
+        """Log a chain given to the link, with its bits (where the edge prices its uplink)."""
+        if self.uplink is None or self.now is None:
+            return None
+        return self.uplink.sent(self.now, wire.bits(msg) if bits is None else bits)
 
     # ---- drafting ahead while the chain is in flight
     def _speculate(self) -> list[Action]:
@@ -282,6 +297,8 @@ class PipelineEdge(SpecEdge):
 
     def _tree_pass(self, spec: Speculation) -> Any:
         tokens, parents = [], []
+        if spec.passes_done == 0:
+            spec.started_at = self.now
         for branch in spec.branches:
             if spec.passes_done == 0:
                 tokens.append(int(self.alignment.target_to_draft[branch.root]))
@@ -325,8 +342,9 @@ class PipelineEdge(SpecEdge):
         if not spec.drafted:
             return [self._tree_pass(spec)]
         if self.state == EdgeState.WAITING:
-            forks = self._send_forks(spec)  # before the next chain joins those in flight
-            return [*self._send_ahead(), *forks]
+            chain = self._newest_chain  # the tree's, before the next chain joins those in flight
+            ahead = self._send_ahead()
+            return [*ahead, *self._send_forks(spec, chain)]
         if self.state == EdgeState.STALLED:
             key, self.pending_key = self.pending_key, None
             assert key is not None
@@ -365,28 +383,47 @@ class PipelineEdge(SpecEdge):
         self.ahead.append(InFlight(rnd, spec, alternatives))
         self.most_in_flight = max(self.most_in_flight, 1 + len(self.ahead))
         self.count("chains_sent_ahead")
-        return [Send(self.draft_message(rnd)), self._tree_pass(spec)]
+        msg = self.draft_message(rnd)
+        self._log_send(msg)
+        return [Send(msg), self._tree_pass(spec)]
 
-    def _send_forks(self, spec: Speculation) -> list[Action]:
-        """Send the alternative branches of a chain's drafted tree as forks (`deepspec-tree`),
-        up to `forks_per_tree`, the shallowest and likeliest first: each is the chain the cloud
-        verifies next, at once, if the verdict rejects the token at the branch's depth and
-        draws the branch's root there."""
+    def _send_forks(self, spec: Speculation, chain: Round) -> list[Action]:
+        """Send the alternative branches of `chain`'s drafted tree as forks (`deepspec-tree`),
+        the shallowest and likeliest first, up to `forks_per_tree` and while the uplink, at its
+        measured rate, can carry them before the next chain leaves (about as long from now as
+        this tree took): each is the chain the cloud verifies next, at once, if the verdict
+        rejects the token at the branch's depth and draws the branch's root there."""
         if not self.send_forks:
             return []
-        chain, limit = self._newest_chain, self.settings.max_new_tokens
+        room, cap = self._fork_room(spec), self.settings.forks_per_tree
+        if room is None:  # the uplink not measured yet: only the likeliest few
+            room, cap = float("inf"), min(cap, FORKS_UNMEASURED)
         branches = [b for b in spec.branches if b.depth < spec.depth]  # depth, then rank order
         sends = []
-        for branch in branches[: self.settings.forks_per_tree]:
+        for branch in branches[:cap]:
             base = spec.base + branch.depth + 1
-            if base >= limit:
+            if base >= self.settings.max_new_tokens:
                 continue
             rnd = _chain_of(branch, Round(self._rounds, base, fork=(chain.index, branch.root)))
+            msg = self.draft_message(rnd)
+            bits = wire.bits(msg) if self.uplink is not None else None
+            if bits is not None and bits > room:
+                self.count("forks_held")
+                break
+            room -= bits or 0
             self._rounds += 1
             spec.forks[branch.depth, branch.root] = rnd
-            sends.append(Send(self.draft_message(rnd)))
+            self._log_send(msg, bits)
+            sends.append(Send(msg))
         self.count("forks_sent", len(sends))
         return sends
+
+    def _fork_room(self, spec: Speculation) -> float | None:
+        """Bits the uplink can carry before the next chain leaves (None before its rate is
+        measured; infinite where the driver keeps no clock)."""
+        if self.uplink is None or self.now is None or spec.started_at is None:
+            return float("inf")
+        return self.uplink.room_bits(self.now, self.now - spec.started_at)
 
     @property
     def _newest_chain(self) -> Round:
@@ -429,6 +466,9 @@ class PipelineEdge(SpecEdge):
                 # and by exactly that when it waited at the cloud
                 self.controller.observe_verdict_gap(self.now - self.verdict_at)
         self.verdict_at = self.now
+        if self.uplink is not None and self.lone_send is not None and window is not None:
+            self.uplink.answered(self.lone_send, self.sent_at, window)
+        self.lone_send = None
         if self.planner is None:
             return
         if window is not None:

@@ -158,8 +158,8 @@ class GenerationSettings:
     chains_in_flight: int = field(
         default=2,
         metadata=_auto_help(
-            "deepspec, deepspec-x: chains in flight at once (D), the one awaiting its verdict "
-            "included; "
+            "deepspec, deepspec-tree, deepspec-x: chains in flight at once (D), the one "
+            "awaiting its verdict included; "
             f"'auto': chosen per chain from the measured link, up to {MAX_CHAINS_IN_FLIGHT}."
         ),
     )
@@ -170,8 +170,8 @@ class GenerationSettings:
     adaptive_depth: bool = field(
         default=False,
         metadata=_help(
-            "deepspec, deepspec-x: choose D per chain online, with `chains_in_flight` as its "
-            "upper limit."
+            "deepspec, deepspec-tree, deepspec-x: choose D per chain online, with "
+            "`chains_in_flight` as its upper limit."
         ),
     )
     stop: tuple[str, ...] = field(default=(), metadata=_help("Stop string (repeatable)."))

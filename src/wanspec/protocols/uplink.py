@@ -1,0 +1,72 @@
+"""The uplink's rate as the edge sees it, and how many bits it can still carry before a deadline.
+
+The edge knows every message it sent (when, how many bits) and, for a chain sent alone, when its
+verdict came back. Under an uplink of rate r each message leaves once those before it have gone
+out, so a chain's window is its wait behind earlier sends, its own transmission and a constant
+rest (the round trip, the verification, the verdict's way down). The fitted r is the one under
+which those rests vary least (`UplinkModel.rate_bps`). `deepspec-tree` sends a tree's forks only
+while the uplink can carry them before the next chain leaves, so they never delay it.
+
+Pure: times are the driver's clock, passed in.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+
+import numpy as np
+
+RATES_BPS = np.geomspace(1e4, 1e11, 71)  # the rates tried: 10 kbit/s … 100 Gbit/s, ≈ 26 % apart
+EXCHANGES = 32  # the windows kept
+KNOWN_AFTER = 2  # windows before the fit is trusted: one window fits every rate alike
+RELATIVE_SLACK = 1e-3  # rates fitting within this of the best count as ties (the fastest wins)
+
+
+@dataclass
+class UplinkModel:
+    """What the edge sent and how its lone chains' windows came out (see the module docstring).
+
+    Per rate tried it keeps when the uplink would be through everything sent so far; a send's
+    ticket is that, right after it, so a window's wait and transmission under each rate are its
+    ticket less its send time."""
+
+    through: np.ndarray = field(default_factory=lambda: np.full(len(RATES_BPS), -np.inf))
+    rests: deque[np.ndarray] = field(default_factory=lambda: deque(maxlen=EXCHANGES))
+    fitted: float | None = None
+
+    def sent(self, at: float, bits: int) -> np.ndarray:
+        """Log a message given to the link at `at`; its ticket, for `answered`."""
+        self.through = np.maximum(self.through, at) + bits / RATES_BPS
+        return self.through.copy()
+
+    def answered(self, ticket: np.ndarray, sent_at: float, seconds: float) -> None:
+        """The verdict on the chain sent alone at `sent_at` came `seconds` later."""
+        self.rests.append(seconds - (ticket - sent_at))
+        self.fitted = self._fit()
+
+    def _fit(self) -> float:
+        """The rate whose rests (window less wait and transmission) vary least among those
+        that leave none negative; among near ties the fastest, since windows that never waited
+        cannot tell fast rates apart."""
+        rests = np.array(self.rests)  # windows × rates
+        spread = rests.var(axis=0)
+        feasible = rests.min(axis=0) >= 0.0  # no window shorter than its own wait and sending
+        if feasible.any():
+            spread[~feasible] = np.inf
+        best = spread.min()
+        ties = np.flatnonzero(spread <= best + RELATIVE_SLACK * max(best, 1e-12))
+        return float(RATES_BPS[ties.max()])
+
+    def rate_bps(self) -> float | None:
+        """The fitted rate (None before `KNOWN_AFTER` windows were seen)."""
+        return self.fitted if len(self.rests) >= KNOWN_AFTER else None
+
+    def room_bits(self, at: float, within_s: float) -> float | None:
+        """Bits that, given to the link at `at`, are through it by `at + within_s` behind what is
+        already queued (None before the rate is known)."""
+        if self.rate_bps() is None or self.fitted is None:
+            return None
+        k = int(np.searchsorted(RATES_BPS, self.fitted))
+        backlog = max(0.0, float(self.through[k]) - at)
+        return max(0.0, self.fitted * (within_s - backlog))

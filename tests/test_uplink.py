@@ -1,0 +1,73 @@
+"""The edge's uplink model: the rate fitted from lone chains' windows behind its own sends, and
+the room it leaves for forks before the next chain leaves."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from wanspec.protocols.uplink import RATES_BPS, UplinkModel
+
+STEP = math.log(RATES_BPS[1] / RATES_BPS[0])  # the grid's ratio between neighbouring rates
+
+
+def _true_windows(rate: float, rest: float, model: UplinkModel) -> None:
+    """Chains sent alone, some right behind a burst of forks: each window is its wait behind
+    the burst, its own transmission and `rest`, exactly as an uplink of `rate` gives."""
+    t = 0.0
+    for burst, chain in [(0, 1_500), (12_000, 1_400), (0, 1_600), (30_000, 1_500), (4_000, 900)]:
+        if burst:
+            model.sent(t, burst)
+        ticket = model.sent(t, chain)
+        window = (burst + chain) / rate + rest
+        model.answered(ticket, t, window)
+        t += window + 1.0  # the link is idle again before the next chain
+
+
+@pytest.mark.parametrize("rate", [5e4, 1e6, 2.3e7])
+def test_the_rate_is_recovered_from_windows_behind_bursts(rate: float) -> None:
+    model = UplinkModel()
+    _true_windows(rate, 0.35, model)
+    fitted = model.rate_bps()
+    assert fitted is not None and abs(math.log(fitted / rate)) <= STEP / 2 + 1e-9
+
+
+def test_nothing_is_known_before_two_windows() -> None:
+    """One window fits every rate alike (its rest absorbs the transmission)."""
+    model = UplinkModel()
+    assert model.rate_bps() is None and model.room_bits(0.0, 1.0) is None
+    model.answered(model.sent(0.0, 1_000), 0.0, 0.4)
+    assert model.rate_bps() is None and model.room_bits(1.0, 1.0) is None
+
+
+def test_windows_that_never_waited_give_the_fastest_rate() -> None:
+    """Equal chains on an idle link cannot tell fast rates apart: the fit errs toward sending."""
+    model = UplinkModel()
+    for k in range(4):
+        model.answered(model.sent(10.0 * k, 1_000), 10.0 * k, 0.3)
+    assert model.rate_bps() == RATES_BPS[-1]
+
+
+def test_a_rate_that_would_make_a_window_too_short_is_never_fitted() -> None:
+    """These two windows have equal rests only at ≈ 497 kbit/s, where the first chain's own
+    transmission (2 ms) would outlast its window (1 ms): a negative rest rules that rate out."""
+    model = UplinkModel()
+    windows = [(1_000, 0.001), (100_000, 0.2)]
+    for k, (bits, seconds) in enumerate(windows):
+        model.answered(model.sent(10.0 * k, bits), 10.0 * k, seconds)
+    fitted = model.rate_bps()
+    assert fitted is not None
+    assert all(bits / fitted <= seconds for bits, seconds in windows)
+
+
+def test_room_is_what_drains_by_the_deadline_behind_the_queue() -> None:
+    model = UplinkModel()
+    _true_windows(1e6, 0.35, model)
+    rate = model.rate_bps()
+    assert rate is not None
+    t = 100.0  # the link idle: all of `within` is room
+    assert model.room_bits(t, 0.2) == pytest.approx(rate * 0.2)
+    model.sent(t, 50_000)  # now a backlog of 50 kbit
+    assert model.room_bits(t, 0.2) == pytest.approx(max(0.0, rate * 0.2 - 50_000))
+    assert model.room_bits(t, 0.01) == 0.0
