@@ -1,5 +1,6 @@
 """Asynchronous pipelines: PicoSpec, AceSpec, and AceSpec across vocabularies (`acespec-x`),
-each of the last two also with chains in flight (`deepspec`, `deepspec-x`).
+each of the last two also with chains in flight (`deepspec`, `deepspec-x`), and `deepspec-tree`,
+which also sends its trees' branches as forks.
 
 One main chain is in flight at a time, as in AceSpec's Algorithm 1. While the cloud verifies it,
 the edge drafts ahead instead of idling:
@@ -26,6 +27,14 @@ chain marked `ahead` only if the round before it was the last it verified and wa
 whole with nothing of its own appended (`SpecCloud._current`). A chain sent ahead is the very
 chain AceSpec (AceSpec-X) would send after that verdict, so a seed gives its tokens; only the
 time differs.
+
+`deepspec-tree` runs on UL (p̃ goes up with every chain; the cloud draws a rejection's token
+itself) and, once a chain's tree is drafted, sends its continuation and its alternative
+branches as forks, each naming the round it continues and the token that round's verdict must
+leave last in the output. The cloud verifies the one fork the verdict matches at once; the
+edge, seeing the same verdict, adopts that branch as the chain awaiting its verdict. Forks go
+up only while the uplink, at the rate the edge measures (`wanspec.protocols.uplink`), can
+carry them before the next chain leaves.
 
 Draft tokens are sampled with a random stream keyed by (seed, output position), so a token
 drafted inside the tree is exactly the token a redraft would give there: the cache only saves
@@ -151,8 +160,8 @@ def _chain_of(branch: Branch, rnd: Round) -> Round:
 
 
 class PipelineEdge(SpecEdge):
-    """The edge of `picospec`, `acespec`, `deepspec`, `acespec-x` and `deepspec-x` (see the
-    module docstring).
+    """The edge of `picospec`, `acespec`, `deepspec`, `deepspec-tree`, `acespec-x` and
+    `deepspec-x` (see the module docstring).
 
     STALLED: a verdict hit a branch whose passes are not all drafted; the edge waits for its own
     tree passes (the cloud has nothing in flight for it), then goes on with `pending_key`."""
