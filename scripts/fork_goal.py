@@ -1,0 +1,79 @@
+"""Goal (a) of the link sweep on longer runs: deepspec and deepspec-tree over acespec (γ = 4).
+
+`wanspec bench link-sweep --config moderate` judges the goal on 4 prompts × 64 tokens, where
+deepspec-tree's tokens differ from acespec's (the cloud draws its residuals), so its intervals
+are wide and each run's start (the uplink not yet measured, the pipeline filling) weighs much.
+This runs the same simulator, profiles and synthetic pair on more seeds and tokens and prints
+each method's tokens/s and its ratio to acespec with a 95 % bootstrap interval over the seeds
+(paired: one seed is one synthetic pair and one prompt for every method).
+
+    WANSPEC_THREADS=1 .venv/bin/python scripts/fork_goal.py --seeds 12 --tokens 256
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+import wanspec
+from wanspec.bench.experiment import synthetic_pair
+
+METHODS = ("acespec", "deepspec", "deepspec-tree")
+POINTS = ((0.15, 1e8), (0.3, 1e8), (0.01, 1e8), (0.05, 5e4))  # (RTT s, rate bps each way)
+
+
+def rates(alpha: float, rtt: float, bps: float, seeds: int, tokens: int) -> dict[str, np.ndarray]:
+    """Per method, per seed: (tokens, seconds) of one run."""
+    out = {m: np.zeros((seeds, 2)) for m in METHODS}
+    for seed in range(seeds):
+        pair = synthetic_pair(alpha, seed)
+        for method in METHODS:
+            res = wanspec.generate(
+                pair, f"Question {seed}:", method,
+                link=wanspec.Link(bandwidth_bps=bps, rtt_s=rtt),
+                edge_profile="edge-orin", cloud_profile="cloud-a100x4-70b",
+                gamma=4, tree_budget=16, max_new_tokens=tokens, seed=seed,
+                temperature=1.0, top_p=1.0,
+            )  # fmt: skip
+            out[method][seed] = (len(res.token_ids), res.stats["time_s"])
+    return out
+
+
+def ratio_interval(
+    run: np.ndarray, ref: np.ndarray, draws: int = 4000
+) -> tuple[float, float, float]:
+    """Tokens/s over tokens/s (pooled over seeds), and its 95 % bootstrap interval."""
+    rng = np.random.default_rng(0)
+    point = (run[:, 0].sum() / run[:, 1].sum()) / (ref[:, 0].sum() / ref[:, 1].sum())
+    picks = rng.integers(0, len(run), size=(draws, len(run)))
+    boot = (run[picks, 0].sum(1) / run[picks, 1].sum(1)) / (
+        ref[picks, 0].sum(1) / ref[picks, 1].sum(1)
+    )
+    low, high = np.quantile(boot, [0.025, 0.975])
+    return float(point), float(low), float(high)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seeds", type=int, default=12)
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--alpha", type=float, default=0.8)
+    args = parser.parse_args()
+    print(f"α = {args.alpha}, {args.seeds} seeds × {args.tokens} tokens, γ = 4, B_max 16\n")
+    print(
+        "| RTT | rate | " + " | ".join(f"{m} tok/s" for m in METHODS) + " | deep/ace | tree/ace |"
+    )
+    print("|---|---|" + "---|" * (len(METHODS) + 2))
+    for rtt, bps in POINTS:
+        runs = rates(args.alpha, rtt, bps, args.seeds, args.tokens)
+        speed = [runs[m][:, 0].sum() / runs[m][:, 1].sum() for m in METHODS]
+        cells = [f"{s:.2f}" for s in speed]
+        for m in METHODS[1:]:
+            point, low, high = ratio_interval(runs[m], runs["acespec"])
+            cells.append(f"{point:.3f}× [{low:.3f}, {high:.3f}]")
+        print(f"| {1e3 * rtt:g} ms | {bps:g} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
