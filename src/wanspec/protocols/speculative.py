@@ -70,7 +70,8 @@ class Round:
     replies: int = 0  # replies about the rejected position so far (the verdict's included)
     srdv: bool = False  # a rejection is resolved by SR-DV, not HR (chosen before drafting)
     ahead: bool = False  # sent before the verdict on the round before it (`Draft.ahead`)
-    fork: tuple[int, int] | None = None  # continues that round's rejection (`DraftWithDists.fork`)
+    # sent before that round's verdict, which must leave this token last (`DraftWithDists.fork`)
+    fork: tuple[int, int] | None = None
     sent_at: float | None = None  # the driver's clock when the draft went out, if it stamps one
     sent_bits: int = 0  # the draft's bits on the wire (counted only where K or M are chosen)
     accepts: list[float] = field(default_factory=list)  # SR-DV: each candidate's acceptance odds
