@@ -85,7 +85,7 @@ def test_deepspec_tree_tokens_do_not_depend_on_the_link_the_depth_or_the_tree(
     """Forks change only when a chain is verified: the cloud draws each rejected position's
     token in output order and every draft from its position's stream, so a seed gives the same
     tokens on any link, at any depth, budget and number of forks (at most `forks_per_tree` a
-    tree, fewer where the measured uplink cannot carry them: some were held at 50 kbit/s).
+    tree, fewer where the measured uplink cannot carry them: at 50 kbit/s about 2 a tree).
     Edge and cloud agree on the rounds verified; every chain the cloud dropped is one the edge
     counts stale (a chain sent ahead it cancelled, a fork it did not take; the last ones may
     still be on their way at the end), and forks were taken."""
@@ -96,7 +96,7 @@ def test_deepspec_tree_tokens_do_not_depend_on_the_link_the_depth_or_the_tree(
         (Link(1e7, 0.15), 2, 8, 0),
         (Link(5e4, 0.05), 2, 16, 1024),
     ]
-    taken = held = 0
+    taken = held = slow_forks = slow_trees = 0
     for seed in range(3):
         runs = []
         for link, chains, budget, forks in cases:
@@ -114,9 +114,31 @@ def test_deepspec_tree_tokens_do_not_depend_on_the_link_the_depth_or_the_tree(
             assert len(edge.accepted_per_round) == cloud.counters["rounds"]
             taken += c.get("forks_taken", 0)
             held += c.get("forks_held", 0)
+            if link.bandwidth_bps < 1e5:
+                slow_forks, slow_trees = (
+                    slow_forks + c.get("forks_sent", 0),
+                    slow_trees + c["tree_rounds"],
+                )
             runs.append(sim.tokens)
         assert all(run == runs[0] for run in runs)
     assert taken > 0 and held > 0
+    # every fork of a tree would be 11 to 13 of them here, on any link
+    assert slow_forks < 4 * slow_trees
+
+
+def test_a_fork_taken_counts_as_a_hit_for_the_controller(shared_world: World) -> None:
+    """γ chosen online prices each γ's misses from the lookups: a rejection whose fork the cloud
+    took found its branch in the tree, so only the edge's cache misses count as misses."""
+    taken = 0
+    for seed in range(3):
+        _, edge, _ = shared_world.run(
+            "deepspec-tree", link=Link(1e7, 0.15), gamma="auto", seed=seed,
+            max_new_tokens=40, temperature=1.2,
+        )  # fmt: skip
+        assert edge.controller is not None
+        assert edge.controller.misses == edge.counters.get("cache_misses", 0)
+        taken += edge.counters.get("forks_taken", 0)
+    assert taken > 0
 
 
 def test_deepspec_sends_nothing_ahead_past_the_tokens_asked_for(shared_world: World) -> None:

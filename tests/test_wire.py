@@ -345,12 +345,42 @@ def test_a_draft_with_dists_carrying_the_ahead_flag_is_refused() -> None:
     data = bytearray(encode(_one_dist_draft()))
     _, start, _ = parse_header(bytes(data))
     data[start + 2] |= 8
-    with pytest.raises(WireError, match="the ahead flag is set, but only a Draft carries it"):
+    with pytest.raises(WireError, match=r"^the ahead flag is set, but only a Draft carries it$"):
         decode(bytes(data))
     with pytest.raises(TypeError):
         _one_dist_draft(ahead=True)
     with pytest.raises(WireError, match="fork is"):
         _one_dist_draft(fork=(1, 2, 3))
+
+
+def _leb128(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        out.append(value & 0x7F | (0x80 if value >= 0x80 else 0))
+        value >>= 7
+        if not value:
+            return bytes(out)
+
+
+@pytest.mark.parametrize(
+    ("fork_round", "fork_token", "refusal"),
+    [(2**63, 3, "fork round"), (5, 2**40, "fork token"), (2**63 - 1, 3, None)],
+)
+def test_a_forks_round_and_token_are_bounded_when_decoded(
+    fork_round: int, fork_token: int, refusal: str | None
+) -> None:
+    """A fork's round fits an int64 and its token the id bound, as every round and id does."""
+    plain = encode(_one_dist_draft(fork=(0, 0)))
+    _, start, _ = parse_header(plain)
+    payload = bytearray(plain[start:])
+    assert payload[:5] == bytes((1, 0, 1 << 4 | 4, 2, 0)) and payload[5] == 0  # …, fork (0, 0)
+    body = bytes(payload[:4]) + _leb128(fork_round) + _leb128(fork_token) + bytes(payload[6:])
+    data = frame(plain[1], body)
+    if refusal is None:
+        assert decode(data).fork == (fork_round, fork_token)
+    else:
+        with pytest.raises(WireError, match=rf"for {refusal} .*\(limit "):
+            decode(data)
 
 
 def test_verify_result_with_bonus_is_small() -> None:

@@ -405,7 +405,7 @@ class PipelineEdge(SpecEdge):
         if not self.send_forks:
             return []
         room, cap = self._fork_room(spec), self.settings.forks_per_tree
-        if room is None:  # the uplink not measured yet: only the likeliest few
+        if room is None:  # the uplink not measured (yet): only the likeliest few
             room, cap = float("inf"), min(cap, FORKS_UNMEASURED)
         branches = [b for b in spec.branches if b.depth < spec.depth]  # depth, then rank order
         sends = []
@@ -429,9 +429,9 @@ class PipelineEdge(SpecEdge):
 
     def _fork_room(self, spec: Speculation) -> float | None:
         """Bits the uplink can carry before the next chain leaves (None before its rate is
-        measured; infinite where the driver keeps no clock)."""
+        measured, and where the driver keeps no clock)."""
         if self.uplink is None or self.now is None or spec.started_at is None:
-            return float("inf")
+            return None
         return self.uplink.room_bits(self.now, self.now - spec.started_at)
 
     @property
