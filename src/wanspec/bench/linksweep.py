@@ -7,12 +7,12 @@ the RTT (10, 50, 150, 300 ms at 100 Mbit/s each way) and the link rate (50 kbit/
 100 Mbit/s at 50 ms). At each point: `ar`, `sd`, `picospec` and the pipelines `acespec`,
 `deepspec` and `deepspec-tree` at γ = 4, each pipeline at every other fixed γ in 1..8 (the best
 fixed setting a person could have picked knowing the link), and each with `gamma="auto"`; the
-two deepspecs' auto cells also leave the
-chains in flight to the edge (`chains_in_flight="auto"`, D ≤ 8), while their fixed cells keep
-D = 2. A pipeline's tokens do not depend on γ or D, so these cells differ only in time. Each
-point also gets AceSpec's ideal-pipeline bound (`pipelines.ideal_bound` at the best γ, B = 1,
-the point's measured α): one chain in flight, bandwidth not counted, so the deepspecs, which keep
-more chains in flight, may pass it.
+two deepspecs' auto cells also leave the chains in flight to the edge
+(`chains_in_flight="auto"`, D ≤ 8), while their fixed cells keep D = 2. A pipeline's tokens do
+not depend on γ or D, so these cells differ only in time. Each point also gets AceSpec's
+ideal-pipeline bound (`pipelines.ideal_bound` at the best γ, B = 1, the point's measured α): one
+chain in flight, bandwidth not counted, so the deepspecs, which keep more chains in flight, may
+pass it.
 
 Pairs: every configuration runs the synthetic pair with i.i.d. per-token acceptance α = 0.8 and
 α = 0.6 (`synthetic_pair`, as `capacity`; plain sampling at T = 1, where its α is exact), prompt i
@@ -23,10 +23,11 @@ at the 1.7 s of CPU per generated token and cell `acespec-bandwidth` took here, 
 would take three days at 16 prompts × 64 tokens, five weeks at the full configuration's scale.
 
 The summary judges two goals, each from the cells' tokens/s with a paired bootstrap interval
-over the prompts (`wanspec.bench.stats`): (a) deepspec-tree ≥ 1.3× acespec at RTT ≥ 150 ms and never
-below it (both γ = 4); (b) auto within 5 % of the best fixed γ of its method at every point, and
-≥ 1.15× its γ = 4 at the sweeps' extremes. The best fixed γ is picked on the same runs, so it
-is biased upward (the largest of eight noisy rates): (b)'s first goal is judged conservatively.
+over the prompts (`wanspec.bench.stats`): (a) deepspec-tree ≥ 1.3× acespec at RTT ≥ 150 ms
+and never below it (both γ = 4); (b) auto within 5 % of the best fixed γ of its method at every
+point, and ≥ 1.15× its γ = 4 at the sweeps' extremes. The best fixed γ is picked on the same
+runs, so it is biased upward (the largest of eight noisy rates): (b)'s first goal is judged
+conservatively.
 """
 
 from __future__ import annotations

@@ -404,7 +404,8 @@ class PipelineEdge(SpecEdge):
         rejects the token at the branch's depth and draws the branch's root there."""
         if not self.send_forks:
             return []
-        room, cap = self._fork_room(spec), self.settings.forks_per_tree
+        assert self.uplink is not None  # every edge that sends forks measures its uplink
+        room, cap = self._fork_room(spec, self.uplink), self.settings.forks_per_tree
         if room is None:  # the uplink not measured (yet): only the likeliest few
             room, cap = float("inf"), min(cap, FORKS_UNMEASURED)
         branches = [b for b in spec.branches if b.depth < spec.depth]  # depth, then rank order
@@ -415,11 +416,11 @@ class PipelineEdge(SpecEdge):
                 continue
             rnd = _chain_of(branch, Round(self._rounds, base, fork=(chain.index, branch.root)))
             msg = self.draft_message(rnd)
-            bits = wire.bits(msg) if self.uplink is not None else None
-            if bits is not None and bits > room:
+            bits = wire.bits(msg)
+            if bits > room:
                 self.count("forks_held")
                 break
-            room -= bits or 0
+            room -= bits
             self._rounds += 1
             spec.forks[branch.depth, branch.root] = rnd
             self._log_send(msg, bits)
@@ -427,12 +428,12 @@ class PipelineEdge(SpecEdge):
         self.count("forks_sent", len(sends))
         return sends
 
-    def _fork_room(self, spec: Speculation) -> float | None:
+    def _fork_room(self, spec: Speculation, uplink: UplinkModel) -> float | None:
         """Bits the uplink can carry before the next chain leaves (None before its rate is
         measured, and where the driver keeps no clock)."""
-        if self.uplink is None or self.now is None or spec.started_at is None:
+        if self.now is None or spec.started_at is None:
             return None
-        return self.uplink.room_bits(self.now, self.now - spec.started_at)
+        return uplink.room_bits(self.now, self.now - spec.started_at)
 
     @property
     def _newest_chain(self) -> Round:
@@ -530,15 +531,10 @@ class PipelineEdge(SpecEdge):
         if spec is not None and key[1] is not None and key in spec.forks:
             assert branch is not None
             return self._take_fork(branch, spec.forks[key])  # type: ignore[index]
-        if self.ahead:
-            if key[1] is None:  # accepted whole: the next chain is already with the cloud
-                assert branch is not None
-                return self._adopt(branch)
-            self.count("stale_chains_ahead", len(self.ahead))  # the cloud drops them
-            self.ahead = []
-            stale = self.cancel(Purpose.TREE)  # their trees
-        else:
-            stale = []
+        if self.ahead and key[1] is None:  # accepted whole: the next chain is with the cloud
+            assert branch is not None
+            return self._adopt(branch)
+        stale = self._drop_ahead()
         if branch is not None and not spec.drafted:
             self.pending_key = key  # a hit whose branch is still being drafted: wait for it
             self.state = EdgeState.STALLED
@@ -556,6 +552,15 @@ class PipelineEdge(SpecEdge):
         self.spec = None
         return [*self.cancel_all(), *self._begin_round()]
 
+    def _drop_ahead(self) -> list[Action]:
+        """A rejection made every chain sent ahead stale: the cloud drops them, and the edge
+        cancels their trees (the cancel actions; none when nothing was ahead)."""
+        if not self.ahead:
+            return []
+        self.count("stale_chains_ahead", len(self.ahead))
+        self.ahead = []
+        return self.cancel(Purpose.TREE)
+
     def _take_fork(self, branch: Branch, fork: Round) -> list[Action]:
         """The verdict took a branch sent as a fork: the cloud verifies it now, so it is the
         chain awaiting its verdict. Keep its cache path, cancel the chains sent ahead (stale),
@@ -563,11 +568,7 @@ class PipelineEdge(SpecEdge):
         if not self._fits(branch):
             raise RuntimeError("the fork taken does not spell the committed context")
         self.count("forks_taken")
-        stale: list[Action] = []
-        if self.ahead:
-            self.count("stale_chains_ahead", len(self.ahead))
-            self.ahead = []
-            stale = self.cancel(Purpose.TREE)
+        stale = self._drop_ahead()
         if self.controller is not None:
             self.controller.observe_outcome(True)
         keep = self._keep_branch(branch)

@@ -33,7 +33,7 @@ class UplinkModel:
 
     through: np.ndarray = field(default_factory=lambda: np.full(len(RATES_BPS), -np.inf))
     rests: deque[np.ndarray] = field(default_factory=lambda: deque(maxlen=EXCHANGES))
-    fitted: float | None = None
+    fitted: int | None = None  # the index in RATES_BPS of the fitted rate
 
     def sent(self, at: float, bits: int) -> np.ndarray:
         """Log a message given to the link at `at`; its ticket, for `answered`."""
@@ -45,7 +45,7 @@ class UplinkModel:
         self.rests.append(seconds - (ticket - sent_at))
         self.fitted = self._fit()
 
-    def _fit(self) -> float:
+    def _fit(self) -> int:
         """The rate whose rests (window less wait and transmission) vary least among those
         that leave none negative; among near ties the fastest, since windows that never waited
         cannot tell fast rates apart."""
@@ -56,17 +56,19 @@ class UplinkModel:
             spread[~feasible] = np.inf
         best = spread.min()
         ties = np.flatnonzero(spread <= best + RELATIVE_SLACK * max(best, 1e-12))
-        return float(RATES_BPS[ties.max()])
+        return int(ties.max())
 
     def rate_bps(self) -> float | None:
         """The fitted rate (None before `KNOWN_AFTER` windows were seen)."""
-        return self.fitted if len(self.rests) >= KNOWN_AFTER else None
+        if self.fitted is None or len(self.rests) < KNOWN_AFTER:
+            return None
+        return float(RATES_BPS[self.fitted])
 
     def room_bits(self, at: float, within_s: float) -> float | None:
         """Bits that, given to the link at `at`, are through it by `at + within_s` behind what is
         already queued (None before the rate is known)."""
-        if self.rate_bps() is None or self.fitted is None:
+        rate = self.rate_bps()
+        if rate is None or self.fitted is None:
             return None
-        k = int(np.searchsorted(RATES_BPS, self.fitted))
-        backlog = max(0.0, float(self.through[k]) - at)
-        return max(0.0, self.fitted * (within_s - backlog))
+        backlog = max(0.0, float(self.through[self.fitted]) - at)
+        return max(0.0, rate * (within_s - backlog))
