@@ -7,7 +7,10 @@ This runs the same simulator, profiles and synthetic pair on more seeds and toke
 each method's tokens/s and its ratio to acespec with a 95 % bootstrap interval over the seeds
 (paired: one seed is one synthetic pair and one prompt for every method).
 
-    WANSPEC_THREADS=1 .venv/bin/python scripts/fork_goal.py --seeds 12 --tokens 256
+    WANSPEC_THREADS=1 .venv/bin/python scripts/fork_goal.py --seeds 12 --tokens 256 [--budget 32]
+
+`--budget` sets every method's B_max alike: deepspec-tree gains more from a larger tree than
+acespec does (each branch sent as a fork saves a round trip, not only a redraft).
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ METHODS = ("acespec", "deepspec", "deepspec-tree")
 POINTS = ((0.15, 1e8), (0.3, 1e8), (0.01, 1e8), (0.05, 5e4))  # (RTT s, rate bps each way)
 
 
-def rates(alpha: float, rtt: float, bps: float, seeds: int, tokens: int) -> dict[str, np.ndarray]:
-    """Per method, per seed: (tokens, seconds) of one run."""
+def rates(
+    alpha: float, rtt: float, bps: float, seeds: int, tokens: int, budget: int
+) -> dict[str, np.ndarray]:
+    """Per method, per seed: (tokens, seconds) of one run, every method at the same B_max."""
     out = {m: np.zeros((seeds, 2)) for m in METHODS}
     for seed in range(seeds):
         pair = synthetic_pair(alpha, seed)
@@ -33,7 +38,7 @@ def rates(alpha: float, rtt: float, bps: float, seeds: int, tokens: int) -> dict
                 pair, f"Question {seed}:", method,
                 link=wanspec.Link(bandwidth_bps=bps, rtt_s=rtt),
                 edge_profile="edge-orin", cloud_profile="cloud-a100x4-70b",
-                gamma=4, tree_budget=16, max_new_tokens=tokens, seed=seed,
+                gamma=4, tree_budget=budget, max_new_tokens=tokens, seed=seed,
                 temperature=1.0, top_p=1.0,
             )  # fmt: skip
             out[method][seed] = (len(res.token_ids), res.stats["time_s"])
@@ -59,14 +64,17 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=12)
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--alpha", type=float, default=0.8)
+    parser.add_argument("--budget", type=int, default=16, help="B_max of every method's tree")
     args = parser.parse_args()
-    print(f"α = {args.alpha}, {args.seeds} seeds × {args.tokens} tokens, γ = 4, B_max 16\n")
+    print(
+        f"α = {args.alpha}, {args.seeds} seeds × {args.tokens} tokens, γ = 4, B_max {args.budget}\n"
+    )
     print(
         "| RTT | rate | " + " | ".join(f"{m} tok/s" for m in METHODS) + " | deep/ace | tree/ace |"
     )
     print("|---|---|" + "---|" * (len(METHODS) + 2))
     for rtt, bps in POINTS:
-        runs = rates(args.alpha, rtt, bps, args.seeds, args.tokens)
+        runs = rates(args.alpha, rtt, bps, args.seeds, args.tokens, args.budget)
         speed = [runs[m][:, 0].sum() / runs[m][:, 1].sum() for m in METHODS]
         cells = [f"{s:.2f}" for s in speed]
         for m in METHODS[1:]:
