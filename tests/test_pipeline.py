@@ -126,6 +126,22 @@ def test_deepspec_tree_tokens_do_not_depend_on_the_link_the_depth_or_the_tree(
     assert slow_forks < 4 * slow_trees
 
 
+def test_forks_on_a_slow_uplink_follow_its_measured_rate(shared_world: World) -> None:
+    """On AceSpec's testbed profiles at 50 kbit/s the edge fits the uplink's rate within a step
+    of its grid, and a tree sends a few forks, not all: a fit that trusted the first window
+    (the handshake just before it) took 100 Gbit/s and sent every fork of every tree."""
+    edge_profile, cloud_profile = load_profile("edge-orin"), load_profile("cloud-a100x4-70b")
+    for seed in range(2):
+        sim, edge, _ = shared_world.run(
+            "deepspec-tree", link=Link(5e4, 0.05), profile=edge_profile,
+            cloud_profile=cloud_profile, gamma=4, tree_budget=32, seed=seed,
+            max_new_tokens=48, temperature=1.0,
+        )  # fmt: skip
+        assert sim.finish_reason == "length"
+        assert edge.uplink.rate_bps() == pytest.approx(5e4, rel=0.27)
+        assert edge.counters.get("forks_sent", 0) < 4 * edge.counters["tree_rounds"]
+
+
 def test_a_fork_taken_counts_as_a_hit_for_the_controller(shared_world: World) -> None:
     """γ chosen online prices each γ's misses from the lookups: a rejection whose fork the cloud
     took found its branch in the tree, so only the edge's cache misses count as misses."""

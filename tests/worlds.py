@@ -114,21 +114,36 @@ class World:
         return cloud, run
 
     def run(
-        self, method: str, link: Link | None = None, profile=FLAT_PROFILE, trace=False, **settings
+        self,
+        method: str,
+        link: Link | None = None,
+        profile=FLAT_PROFILE,
+        trace=False,
+        cloud_profile=None,
+        **settings,
     ):
         edge, cloud = self.machines(method, **settings)
-        return self.simulate(edge, cloud, link, profile, trace), edge, cloud
+        return self.simulate(edge, cloud, link, profile, trace, cloud_profile), edge, cloud
 
-    def simulate(self, edge, cloud, link: Link | None = None, profile=FLAT_PROFILE, trace=False):
+    def simulate(
+        self,
+        edge,
+        cloud,
+        link: Link | None = None,
+        profile=FLAT_PROFILE,
+        trace=False,
+        cloud_profile=None,
+    ):
         """Run two machines on this world's models (fresh sessions) over `link`; the edge's jobs
-        run on the model its method's edge runs."""
+        run on the model its method's edge runs, priced by `profile` (the cloud's by
+        `cloud_profile`, else the same)."""
         edge_model = edge_model_for(edge.method, draft=self.draft, target=self.target)
         return simulate(
             edge,
             cloud,
             link or Link(bandwidth_bps=1e6, rtt_s=0.02),
             profile,
-            profile,
+            cloud_profile or profile,
             edge_executor=session_executor(edge_model),
             cloud_executor=session_executor(self.target),
             trace=trace,

@@ -476,7 +476,11 @@ class PipelineEdge(SpecEdge):
                 # and by exactly that when it waited at the cloud
                 self.controller.observe_verdict_gap(self.now - self.verdict_at)
         self.verdict_at = self.now
-        if self.uplink is not None and self.lone_send is not None and window is not None:
+        # the first verdict's window is unlike the rest (the handshake went up just before its
+        # chain, the cloud's prefill ran in it): fitted with one more window, it can make the
+        # fastest rate look best, and then forks flood a slow uplink
+        measured = self.lone_send is not None and window is not None
+        if self.uplink is not None and measured and self.accepted_per_round:
             self.uplink.answered(self.lone_send, self.sent_at, window)
         self.lone_send = None
         if self.planner is None:
