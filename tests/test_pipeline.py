@@ -13,6 +13,9 @@ import math
 import numpy as np
 import pytest
 
+import wanspec
+from wanspec import wire
+from wanspec.bench.experiment import synthetic_pair
 from wanspec.jobs import ComputeCost
 from wanspec.models.jobs import session_executor
 from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
@@ -22,7 +25,13 @@ from wanspec.protocols.registry import make_cloud, make_edge, target_info
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sim import Link, load_profile, simulate
 from wanspec.vocab import VocabAlignment
-from worlds import FLAT_PROFILE, AheadTally, World, check_the_tree_never_changes_the_tokens
+from worlds import (
+    FLAT_PROFILE,
+    PROMPT_IDS,
+    AheadTally,
+    World,
+    check_the_tree_never_changes_the_tokens,
+)
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
@@ -84,25 +93,31 @@ def test_deepspec_tree_tokens_do_not_depend_on_the_link_the_depth_or_the_tree(
 ) -> None:
     """Forks change only when a chain is verified: the cloud draws each rejected position's
     token in output order and every draft from its position's stream, so a seed gives the same
-    tokens on any link, at any depth, budget and number of forks (at most `forks_per_tree` a
-    tree, fewer where the measured uplink cannot carry them: at 50 kbit/s about 2 a tree).
+    tokens on any link, at any depth, budget, number of forks and of forks' trees (at most
+    `forks_per_tree` forks a tree, fewer where the measured uplink cannot carry them: at 50
+    kbit/s about 2 a tree).
     Edge and cloud agree on the rounds verified; every chain the cloud dropped is one the edge
     counts stale (a chain sent ahead it cancelled, a fork it did not take; the last ones may
-    still be on their way at the end), and forks were taken."""
-    cases = [
-        (Link(1e7, 0.02), 2, 4, 1024),
-        (Link(1e6, 0.3), 3, 16, 1),
-        (Link(1e8, 0.15), 1, 1, 1024),
-        (Link(1e7, 0.15), 2, 8, 0),
-        (Link(5e4, 0.05), 2, 16, 1024),
+    still be on their way at the end), and forks were taken, among them forks whose trees the
+    next chain's passes drafted: drafted whole, and still drafting (the fork tree's rows then
+    come from a pass of a tree gone stale)."""
+    cases = [  # link, chains in flight, budget, forks per tree, fork trees
+        (Link(1e7, 0.02), 2, 4, 1024, 3),
+        (Link(1e6, 0.3), 3, 16, 1, 3),
+        (Link(1e8, 0.15), 1, 1, 1024, 3),
+        (Link(1e7, 0.15), 2, 8, 0, 3),
+        (Link(5e4, 0.05), 2, 16, 1024, 3),
+        (Link(1e7, 0.1), 2, 8, 1024, 0),
+        (Link(1e7, 0.1), 2, 8, 1024, 8),
     ]
-    taken = held = slow_forks = slow_trees = 0
+    taken = held = slow_forks = slow_trees = trees_taken = trees_in_flight = 0
     for seed in range(3):
         runs = []
-        for link, chains, budget, forks in cases:
+        for link, chains, budget, forks, fork_trees in cases:
             sim, edge, cloud = shared_world.run(
                 "deepspec-tree", link=link, chains_in_flight=chains, tree_budget=budget,
-                forks_per_tree=forks, seed=seed, max_new_tokens=40, gamma=3, temperature=1.2,
+                forks_per_tree=forks, fork_trees=fork_trees, seed=seed, max_new_tokens=40,
+                gamma=3, temperature=1.2,
             )  # fmt: skip
             assert sim.finish_reason == "length" and sim.cloud_finish is None
             c = edge.counters
@@ -114,6 +129,8 @@ def test_deepspec_tree_tokens_do_not_depend_on_the_link_the_depth_or_the_tree(
             assert len(edge.accepted_per_round) == cloud.counters["rounds"]
             taken += c.get("forks_taken", 0)
             held += c.get("forks_held", 0)
+            trees_taken += c.get("fork_trees_taken", 0)
+            trees_in_flight += c.get("fork_trees_taken_in_flight", 0)
             if link.bandwidth_bps < 1e5:
                 slow_forks, slow_trees = (
                     slow_forks + c.get("forks_sent", 0),
@@ -122,8 +139,76 @@ def test_deepspec_tree_tokens_do_not_depend_on_the_link_the_depth_or_the_tree(
             runs.append(sim.tokens)
         assert all(run == runs[0] for run in runs)
     assert taken > 0 and held > 0
+    assert trees_taken > trees_in_flight > 0
     # every fork of a tree would be 11 to 13 of them here, on any link
     assert slow_forks < 4 * slow_trees
+
+
+def test_every_chain_verified_was_drafted_from_its_own_context(shared_world: World) -> None:
+    """A tree drafts chains from contexts that exist only in the edge's pending tree: chains
+    sent ahead, forks, the forks' trees drafted in the next chain's passes, and rows taken from
+    a pass whose tree went stale. Each chain the cloud verified must carry, at every position,
+    the draft's distribution after the committed output before it and the chain's own tokens
+    up to it (the synthetic draft's support moves with the context): a row taken from the
+    wrong place shows here, where the law and the tokens may not tell."""
+    edge_profile, cloud_profile = load_profile("edge-orin"), load_profile("cloud-a100x4-70b")
+    checked = in_flight = 0
+    for seed in range(4):
+        sim, edge, _ = shared_world.run(
+            "deepspec-tree", link=Link(1e8, 0.1), profile=edge_profile,
+            cloud_profile=cloud_profile, trace=True, gamma=3, tree_budget=8, seed=seed,
+            max_new_tokens=60, temperature=1.0,
+        )  # fmt: skip
+        in_flight += edge.counters.get("fork_trees_taken_in_flight", 0)
+        cloud_msgs = [
+            (r.what, r.info["msg"]) for r in sim.trace if r.side == "cloud" and "msg" in r.info
+        ]
+        drafts = {m.round: m for what, m in cloud_msgs if isinstance(m, wire.DraftWithDists)}
+        verdicts = [
+            m for what, m in cloud_msgs if what == "send" and isinstance(m, wire.VerifyResult)
+        ]
+        for verdict in verdicts:
+            chain = drafts[verdict.round]
+            context = [*PROMPT_IDS, *sim.tokens[: chain.base]]
+            for i, dist in zip(chain.dist_positions, chain.dists, strict=True):
+                law = shared_world.draft.spec.probs([*context, *chain.tokens[:i]], "draft")
+                assert dist.ids.tolist() == np.flatnonzero(law).tolist(), (chain, i)
+                checked += 1
+    assert in_flight > 0 and checked > 300
+
+
+def test_fork_trees_are_drafted_only_where_a_pass_affords_them() -> None:
+    """The next chain's passes draft forks' trees where a pass costs little more for more tips
+    (AceSpec's Orin: 41 ms for 16 tips, 45 for 64), and none where a pass's cost grows with
+    its tips, however many `fork_trees` allows."""
+    steep = {"name": "steep", "forward_ms": {"1": 10.0, "16": 40.0, "64": 160.0}}
+    trees = {}
+    for name, profile in (("orin", "edge-orin"), ("steep", steep)):
+        res = wanspec.generate(
+            synthetic_pair(0.8, 0), "Question 0:", "deepspec-tree",
+            link=Link(bandwidth_bps=1e8, rtt_s=0.15), edge_profile=profile,
+            cloud_profile="cloud-a100x4-70b", gamma=4, max_new_tokens=64, seed=0,
+            fork_trees=8,
+        )  # fmt: skip
+        trees[name] = res.stats.get("fork_trees", 0)
+    assert trees["orin"] > 0 and trees["steep"] == 0
+
+
+def test_a_miss_while_a_kept_path_waits_behind_a_long_pass_leaves_it_kept() -> None:
+    """A full acceptance keeps the continuation's path with a job queued behind the tree pass
+    in flight. Where that pass is long (eight forks' trees drafted along, 64 tips costing 4×
+    16 here: `tree_fixed` turns the cost check off) the next verdict can come first; a miss
+    then must cancel the tree passes only, for the cache already counts the path kept, and
+    the redraft would plan on a cache 4 tokens longer than the draft model's."""
+    steep = {"name": "steep", "forward_ms": {"1": 10.0, "16": 40.0, "64": 160.0}}
+    for seed in (0, 3):
+        res = wanspec.generate(
+            synthetic_pair(0.8, seed), f"Question {seed}:", "deepspec-tree",
+            link=Link(bandwidth_bps=1e8, rtt_s=0.15), edge_profile=steep,
+            cloud_profile="cloud-a100x4-70b", gamma=4, max_new_tokens=64, seed=seed,
+            tree_fixed=True, tree_budget=16, fork_trees=8,
+        )  # fmt: skip
+        assert res.stats["new_tokens"] == 64 and res.stats["redrafts"] > 0
 
 
 def test_forks_on_a_slow_uplink_follow_its_measured_rate(shared_world: World) -> None:

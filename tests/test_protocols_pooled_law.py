@@ -55,6 +55,8 @@ HETERO_Q = {A: 3 / 6, B: 2 / 6, O_TOKEN: 1 / 6}
 ALL_TREE = ("redraft", "alternative")  # tree settings with both misses and alternatives' hits
 AHEAD = (*ALL_TREE, "ahead verified", "ahead stale")  # and chains sent before their verdicts
 FORKS = (*AHEAD, "fork taken", "fork stale")  # and the tree's branches sent as forks
+# and forks whose trees the next chain's passes drafted: taken, also mid-pass, and dropped
+FORK_TREES = (*FORKS, "fork tree taken", "fork tree dropped")
 # The draft proposing from a reshaped p̃ (its top token's mass × 0.3), which it reports: in the
 # shared world p̃ = 0.197 / 0.146 / 0.219 on a, b, c and 0.219 on d, e, so c's acceptance odds
 # are q/p̃ < 1 where the plain p̃ had them > 1, and the residual (0.303, 0.187, 0) is not ∝ q.
@@ -158,9 +160,27 @@ SETTINGS = [
     ("shared", "deepspec", 80, {"gamma": 1, "tree_budget": 2, "tree_fixed": True}, AHEAD),
     ("shared", "deepspec", 60, {"gamma": 2, "tree_budget": 4}, AHEAD),
     ("shared", "deepspec", 60, {"gamma": 1, "tree_budget": 3, "chains_in_flight": 4}, AHEAD),
-    ("shared", "deepspec-tree", 80, {"gamma": 1, "tree_budget": 2, "tree_fixed": True}, FORKS),
-    ("shared", "deepspec-tree", 60, {"gamma": 2, "tree_budget": 4}, FORKS),
-    ("shared", "deepspec-tree", 60, {"gamma": 3, "tree_budget": 3, "chains_in_flight": 4}, FORKS),
+    (
+        "shared",
+        "deepspec-tree",
+        80,
+        {"gamma": 1, "tree_budget": 2, "tree_fixed": True},
+        (*FORK_TREES, "fork tree mid-pass"),
+    ),
+    (
+        "shared",
+        "deepspec-tree",
+        60,
+        {"gamma": 2, "tree_budget": 4},
+        (*FORK_TREES, "fork tree mid-pass"),
+    ),
+    (
+        "shared",
+        "deepspec-tree",
+        60,
+        {"gamma": 3, "tree_budget": 3, "chains_in_flight": 4},
+        FORK_TREES,
+    ),
     ("hetero", "naive", 50, {"gamma": 2}, ()),
     ("hetero", "ul", 50, {"gamma": 2}, ()),
     ("hetero", "xcosd", 50, {"gamma": 2}, ()),
@@ -217,6 +237,9 @@ def _check_paths(method: str, settings: dict, paths: Counter, wanted: tuple[str,
         "ahead stale": paths["stale_chains_ahead"] > 0,
         "fork taken": paths["forks_taken"] > 0,
         "fork stale": paths["forks_sent"] > paths["forks_taken"],
+        "fork tree taken": paths["fork_trees_taken"] > 0,
+        "fork tree mid-pass": paths["fork_trees_taken_in_flight"] > 0,
+        "fork tree dropped": paths["fork_trees_dropped"] > 0,
     }
     assert all(seen[name] for name in wanted), (seen, paths)
 

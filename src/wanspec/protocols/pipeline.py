@@ -34,7 +34,10 @@ branches as forks, each naming the round it continues and the token that round's
 leave last in the output. The cloud verifies the one fork the verdict matches at once; the
 edge, seeing the same verdict, adopts that branch as the chain awaiting its verdict. Forks go
 up only while the uplink, at the rate the edge measures (`wanspec.protocols.uplink`), can
-carry them before the next chain leaves.
+carry them before the next chain leaves. The edge is then the bottleneck (it drafts a tree per
+chain, γ passes), while a pass costs about the same for a few tips as for tens: so the passes
+of the next chain's tree also draft the trees of the likeliest forks (`fork_trees`), and a fork
+taken has its tree (nearly) drafted, its own forks and continuation ready to go up.
 
 Draft tokens are sampled with a random stream keyed by (seed, output position), so a token
 drafted inside the tree is exactly the token a redraft would give there: the cache only saves
@@ -69,6 +72,9 @@ from wanspec.protocols.uplink import UplinkModel
 from wanspec.sampling.proposal import DraftRow
 
 FORKS_UNMEASURED = 2  # forks a tree sends before the uplink's rate is measured
+# a pass may draft forks' trees along with its own only while they add at most this share to
+# its cost (where the edge's pass cost is known)
+FORK_TREE_SLACK = 0.15
 
 
 def draft_rng(seed: int, position: int) -> np.random.Generator:
@@ -124,6 +130,13 @@ class Speculation:
     started_at: float | None = None  # when its first pass went out (the driver's clock)
     # the branches sent as forks (`deepspec-tree`), by the verdict that takes them
     forks: dict[tuple[int, int], Round] = field(default_factory=dict)
+    # a fork's tree drafted in the passes of the tree after its chain's (`deepspec-tree`): the
+    # fork, and (on the tree drafting them) those trees
+    fork: Round | None = None
+    co: list[Speculation] = field(default_factory=list)
+    pass_branches: list[Branch] = field(default_factory=list)  # what the pass in flight extends
+    # per tree drafted in the pass in flight (this one, then its `co`): the branches extended
+    pass_layout: list[tuple[Speculation, list[Branch]]] = field(default_factory=list)
 
     @property
     def drafted(self) -> bool:
@@ -135,11 +148,17 @@ class Speculation:
                 return branch
         return None
 
-    def shift(self, n: int) -> None:
-        """Renumber after `n` nodes before this tree left the pending tree (a kept branch)."""
-        self.offset -= n
-        for branch in self.branches:
-            branch.nodes = [node - n for node in branch.nodes]
+    def shift(self, n: int, gone: list[int]) -> None:
+        """Renumber after `n` nodes before this tree, and the nodes `gone` (sorted) after
+        them, left the pending tree: the rest keep their order."""
+
+        def moved(node: int) -> int:
+            return node - n - int(np.searchsorted(gone, node))
+
+        self.offset = moved(self.offset)
+        for spec in (self, *self.co):
+            for branch in spec.branches:
+                branch.nodes = [moved(node) for node in branch.nodes]
 
 
 @dataclass
@@ -149,6 +168,14 @@ class InFlight:
     round: Round
     spec: Speculation
     alternatives: list[list[int]]  # per chain depth: what its tree branched on, best first
+
+
+def _tree_branches(chain: Round, alternatives: list[list[int]], fanout: list[int]) -> list[Branch]:
+    """A chain's tree: its continuation, then `fanout[k]` alternatives at each depth k."""
+    branches = [Branch.continuation(len(chain.tokens), chain.tokens[-1])]
+    for k, width in enumerate(fanout):
+        branches += [Branch.alternative(k, a) for a in alternatives[k][:width]]
+    return branches
 
 
 def _chain_of(branch: Branch, rnd: Round) -> Round:
@@ -194,6 +221,9 @@ class PipelineEdge(SpecEdge):
         self.spec: Speculation | None = None  # the tree of the chain awaiting its verdict
         self.most_in_flight = 1
         self.pending_key: tuple[int, int | None] | None = None  # what STALLED goes on with
+        # a taken fork's tree whose pass, drafting a tree now stale, is in flight: where its
+        # rows start among that pass's
+        self.completing: int | None = None
         self.sent_at: float | None = None  # when the chain awaiting its verdict left, if alone
         self.verdict_at: float | None = None  # when the last verdict came
         self.alternatives: list[list[int]] = []  # per chain depth: candidate target ids, best first
@@ -291,9 +321,7 @@ class PipelineEdge(SpecEdge):
         depth = len(rnd.tokens)
         passes = self._choose_length()
         fanout = self.planner.plan(depth, passes) if self.planner is not None else [0] * depth
-        branches = [Branch.continuation(depth, rnd.tokens[-1])]
-        for k, width in enumerate(fanout):
-            branches += [Branch.alternative(k, a) for a in alternatives[k][:width]]
+        branches = _tree_branches(rnd, alternatives, fanout)
         self.count("tree_rounds")
         self.count("tree_branches", len(branches) - 1)
         self.rounds_log.append({"round": rnd.index, "fanout": list(fanout)})
@@ -305,17 +333,23 @@ class PipelineEdge(SpecEdge):
         return self.ahead[-1].spec if self.ahead else self.spec
 
     def _tree_pass(self, spec: Speculation) -> Any:
+        """One pass extending every branch of the tree by a token, and those of the forks'
+        trees drafted along with it (`co`)."""
         tokens, parents = [], []
         if spec.passes_done == 0:
             spec.started_at = self.now
-        for branch in spec.branches:
-            if spec.passes_done == 0:
-                tokens.append(int(self.alignment.target_to_draft[branch.root]))
-                parents.append(spec.anchors[min(branch.depth, spec.depth - 1)])
-            else:
-                tokens.append(branch.draft_ids[-1])
-                parents.append(branch.nodes[-1])
-            branch.nodes.append(spec.offset + spec.nodes + len(tokens) - 1)
+        spec.pass_layout = []
+        for tree in (spec, *spec.co):
+            tree.pass_branches = [b for b in tree.branches if len(b.nodes) < tree.passes_planned]
+            spec.pass_layout.append((tree, tree.pass_branches))
+            for branch in tree.pass_branches:
+                if not branch.nodes:
+                    tokens.append(int(self.alignment.target_to_draft[branch.root]))
+                    parents.append(tree.anchors[min(branch.depth, tree.depth - 1)])
+                else:
+                    tokens.append(branch.draft_ids[-1])
+                    parents.append(branch.nodes[-1])
+                branch.nodes.append(spec.offset + spec.nodes + len(tokens) - 1)
         spec.nodes += len(tokens)
         self.count("tree_nodes", len(tokens))
         context = self.cache.tokens
@@ -345,20 +379,38 @@ class PipelineEdge(SpecEdge):
         spec = self._drafting
         assert spec is not None
         drafted = self._draft_rows(rows, ranks=self._rank_limit)
-        for branch, row in zip(spec.branches, drafted, strict=True):
-            self._extend_branch(spec, branch, row)
-        spec.passes_done += 1
+        layout = spec.pass_layout
+        if self.completing is not None:  # a fork's tree, from the pass of a tree now stale
+            start, self.completing = self.completing, None
+            drafted, layout = drafted[start:], [(spec, spec.pass_branches)]
+        rows_left = iter(drafted)
+        for tree, branches in layout:
+            for branch in branches:
+                self._extend_branch(tree, branch, next(rows_left))
+            tree.passes_done += 1
         if not spec.drafted:
             return [self._tree_pass(spec)]
         if self.state == EdgeState.WAITING:
-            chain = self._newest_chain  # the tree's, before the next chain joins those in flight
-            ahead = self._send_ahead()
-            return [*ahead, *self._send_forks(spec, chain)]
+            return self._send_drafted(spec)
         if self.state == EdgeState.STALLED:
             key, self.pending_key = self.pending_key, None
             assert key is not None
             return self._continue(key)
         return []
+
+    def _send_drafted(self, spec: Speculation) -> list[Action]:
+        """A tree is drafted while its chain awaits a verdict: send its continuation as the next
+        chain (if a place in flight is free) and its branches as forks; the next chain's tree
+        also drafts the likeliest forks' trees."""
+        chain = self._newest_chain  # the tree's, before the next chain joins those in flight
+        before = len(self.ahead)
+        actions = self._send_ahead(first_pass=False)
+        actions += self._send_forks(spec, chain)
+        if len(self.ahead) > before:
+            nxt = self.ahead[-1].spec
+            nxt.co = self._fork_trees(spec, nxt)
+            actions.append(self._tree_pass(nxt))
+        return actions
 
     def _extend_branch(self, spec: Speculation, branch: Branch, row: DraftRow) -> None:
         # from the speculation's base, not `generated`: a verdict may commit tokens while the
@@ -366,7 +418,7 @@ class PipelineEdge(SpecEdge):
         position = spec.base + branch.start + len(branch.tokens)
         self._append_keyed(branch, row, position)
 
-    def _send_ahead(self) -> list[Action]:
+    def _send_ahead(self, *, first_pass: bool = True) -> list[Action]:
         """Send the newest tree's continuation as the next chain before the verdicts on the
         chains in flight (`deepspec`, up to `chains_in_flight` of them), and draft its tree at
         once, hanging from that continuation. Its base is where the cloud's output stands if
@@ -394,7 +446,7 @@ class PipelineEdge(SpecEdge):
         self.count("chains_sent_ahead")
         msg = self.draft_message(rnd)
         self._log_send(msg)
-        return [Send(msg), self._tree_pass(spec)]
+        return [Send(msg), self._tree_pass(spec)] if first_pass else [Send(msg)]
 
     def _send_forks(self, spec: Speculation, chain: Round) -> list[Action]:
         """Send the alternative branches of `chain`'s drafted tree as forks (`deepspec-tree`),
@@ -427,6 +479,37 @@ class PipelineEdge(SpecEdge):
             sends.append(Send(msg))
         self.count("forks_sent", len(sends))
         return sends
+
+    def _fork_trees(self, spec: Speculation, nxt: Speculation) -> list[Speculation]:
+        """Trees for the likeliest forks of `spec` (the order they went up in), each planned as
+        if its fork were the chain, hanging from the fork's nodes, drafted in `nxt`'s passes
+        while they keep a pass's cost within `FORK_TREE_SLACK` of its own."""
+        planner, passes = self.planner, nxt.passes_planned
+        assert planner is not None  # every edge that sends forks plans trees
+        trees: list[Speculation] = []
+        tips = len(nxt.branches)
+        for (depth, root), fork in list(spec.forks.items())[: self.settings.fork_trees]:
+            branch = spec.find(depth, root)
+            assert branch is not None
+            length, alternatives = len(fork.tokens), self._ranked(branch)
+            stats = planner.stats
+            fanout = planner.plan(length, passes)
+            planner.stats = stats  # the plan of record stays the chains' own
+            branches = _tree_branches(fork, alternatives, fanout)
+            if not self._pass_affords(len(nxt.branches), tips + len(branches)):
+                break
+            tips += len(branches)
+            tree = Speculation(branches, fork.base, length, list(branch.nodes), fork=fork)
+            tree.passes_planned = passes
+            trees.append(tree)
+        self.count("fork_trees", len(trees))
+        return trees
+
+    def _pass_affords(self, own: int, tips: int) -> bool:
+        """Whether a pass of `tips` tips costs at most `FORK_TREE_SLACK` more than one of `own`
+        (always, where the edge does not know its pass cost)."""
+        cost = None if self.planner is None else self.planner.tree_seconds
+        return cost is None or cost(tips) <= (1 + FORK_TREE_SLACK) * cost(own)
 
     def _fork_room(self, spec: Speculation, uplink: UplinkModel) -> float | None:
         """Bits the uplink can carry before the next chain leaves (None before its rate is
@@ -554,31 +637,75 @@ class PipelineEdge(SpecEdge):
         if spec is not None:
             self.count("wasted_tree_nodes", spec.nodes)
         self.spec = None
-        return [*self.cancel_all(), *self._begin_round()]
+        # the tree passes only: a path kept is queued behind the pass in flight, and the cache
+        # already counts it kept
+        return [*self._cancel_trees(), *self._begin_round()]
 
-    def _drop_ahead(self) -> list[Action]:
+    def _cancel_trees(self) -> list[Action]:
+        """Cancel the tree passes outstanding (a pass drafting a taken fork's tree among them)."""
+        self.completing = None
+        return self.cancel(Purpose.TREE)
+
+    def _drop_ahead(self, *, cancel: bool = True) -> list[Action]:
         """A rejection made every chain sent ahead stale: the cloud drops them, and the edge
-        cancels their trees (the cancel actions; none when nothing was ahead)."""
+        cancels their trees (the cancel actions; none when nothing was ahead), unless told to
+        let the pass in flight finish."""
         if not self.ahead:
             return []
         self.count("stale_chains_ahead", len(self.ahead))
         self.ahead = []
-        return self.cancel(Purpose.TREE)
+        return self._cancel_trees() if cancel else []
 
     def _take_fork(self, branch: Branch, fork: Round) -> list[Action]:
         """The verdict took a branch sent as a fork: the cloud verifies it now, so it is the
         chain awaiting its verdict. Keep its cache path, cancel the chains sent ahead (stale),
-        and draft its tree."""
+        and draft its tree, unless the next chain's passes were drafting it already."""
         if not self._fits(branch):
             raise RuntimeError("the fork taken does not spell the committed context")
         self.count("forks_taken")
-        stale = self._drop_ahead()
         if self.controller is not None:
             self.controller.observe_outcome(True)
-        keep = self._keep_branch(branch)
+        nxt = self.ahead[0].spec if self.ahead else None
+        tree = next((t for t in (nxt.co if nxt else []) if t.fork is fork), None)
+        if tree is None:
+            stale = self._drop_ahead()
+            keep = self._keep_branch(branch)
+            self.round, self.sent_at = fork, None
+            self.enter(EdgeState.WAITING)
+            return [*stale, keep, *self._speculate()]
+        assert nxt is not None
+        return self._take_fork_tree(branch, fork, tree, nxt)
+
+    def _take_fork_tree(
+        self, branch: Branch, fork: Round, tree: Speculation, nxt: Speculation
+    ) -> list[Action]:
+        """Take a fork whose tree the next chain's passes were drafting: keep the fork's path
+        with that tree below it (renumbered from 0 in its order; all else is dropped). If
+        their pass is in flight, let it finish (it would run anyway) and take the fork tree's
+        rows from it; once drafted, the fork's forks and continuation go up."""
+        self.count("fork_trees_taken")
+        self.count("tree_rounds")  # it is the tree of a chain now
+        completing = not nxt.drafted  # their pass is in flight
+        start = 0
+        for other, branches in nxt.pass_layout:
+            if other is tree:
+                break
+            start += len(branches)
+        stale = self._drop_ahead(cancel=not completing)
+        keep = self._keep_branch(branch, below=True)
         self.round, self.sent_at = fork, None
         self.enter(EdgeState.WAITING)
-        return [*stale, keep, *self._speculate()]
+        kept = sorted(node for b in tree.branches for node in b.nodes)
+        renumber = {node: k for k, node in enumerate(kept)}
+        for b in tree.branches:
+            b.nodes = [renumber[node] for node in b.nodes]
+        tree.offset, tree.nodes, tree.fork = 0, len(kept), None
+        self.spec = tree
+        if completing:
+            self.count("fork_trees_taken_in_flight")
+            self.completing = start
+            return [*stale, keep]
+        return [*stale, keep, *self._send_drafted(tree)]
 
     def _fits(self, branch: Branch) -> bool:
         """The kept cache path must spell exactly the committed draft context (across
@@ -592,15 +719,16 @@ class PipelineEdge(SpecEdge):
         _chain_of(branch, self._open_round())
         return [keep, *self._upload()]
 
-    def _keep_branch(self, branch: Branch) -> Any:
-        """A hit branch becomes the next chain: keep its cache path, drop the rest of the tree,
-        and rank its alternatives (only now: they matter only once it is the chain)."""
+    def _keep_branch(self, branch: Branch, *, below: bool = False) -> Any:
+        """A hit branch becomes the next chain: keep its cache path, drop the rest of the tree
+        (but what hangs below the path, `below`), and rank its alternatives (only now: they
+        matter only once it is the chain)."""
         spec = self.spec
         assert spec is not None
         self.count("cache_hits")
         self.count("wasted_tree_nodes", spec.nodes - len(branch.nodes))
         self.alternatives = self._ranked(branch)
-        return self._keep_path(branch, below=False)
+        return self._keep_path(branch, below=below)
 
     def _keep_path(self, branch: Branch, *, below: bool) -> Any:
         """Keep a branch's cache path (and, `below`, the trees hanging along it)."""
@@ -622,8 +750,13 @@ class PipelineEdge(SpecEdge):
         self.count("wasted_tree_nodes", spec.nodes - len(branch.nodes))
         keep = self._keep_path(branch, below=True)
         dropped = nxt.spec.offset  # the old tree's nodes left the pending tree
+        # and so did the trees of its forks drafted in the next tree's passes
+        gone = sorted(node for tree in nxt.spec.co for b in tree.branches for node in b.nodes)
+        self.count("fork_trees_dropped", len(nxt.spec.co))
+        nxt.spec.co = []
+        nxt.spec.nodes -= len(gone)
         for later in (nxt, *self.ahead):
-            later.spec.shift(dropped)
+            later.spec.shift(dropped, gone)
         # its window would include the wait behind the chains before it at the cloud: only a
         # chain sent with none in flight measures RTT + T_verify
         self.round, self.spec, self.sent_at = nxt.round, nxt.spec, None

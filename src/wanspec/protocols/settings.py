@@ -115,6 +115,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
         f"an integer in [1, {MAX_CHAINS_IN_FLIGHT}]",
     ),
     "forks_per_tree": (_int_in(0, MAX_TREE_TIPS), f"an integer in [0, {MAX_TREE_TIPS}]"),
+    "fork_trees": (_int_in(0, MAX_TREE_TIPS), f"an integer in [0, {MAX_TREE_TIPS}]"),
     "draft_reshape": (_real_in(0.0, 1.0, open_low=True), "a number in (0, 1] (1 = off)"),
     "draft_reshape_top": (_int_in(1, MAX_CANDIDATES), f"an integer in [1, {MAX_CANDIDATES}]"),
 }
@@ -243,6 +244,15 @@ class GenerationSettings:
         metadata=_help(
             "deepspec-tree: at most this many of a tree's branches go up as forks, the likeliest "
             "first (each carries its p̃: on a slow uplink, fewer); 0 = none."
+        ),
+    )
+    fork_trees: int = field(
+        default=3,
+        metadata=_help(
+            "deepspec-tree: the passes of the next chain's tree also draft the trees of this "
+            "many of the likeliest forks, so a fork taken goes on at once; where the edge's "
+            "pass cost is known (a latency profile), only as many as keep a pass within 15 % "
+            "of its cost without them; 0 = none."
         ),
     )
     # The draft may propose from any law it reports exactly: moving its mass off the tokens a
