@@ -512,11 +512,25 @@ class PipelineEdge(SpecEdge):
         return cost is None or cost(tips) <= (1 + FORK_TREE_SLACK) * cost(own)
 
     def _fork_room(self, spec: Speculation, uplink: UplinkModel) -> float | None:
-        """Bits the uplink can carry before the next chain leaves (None before its rate is
-        measured, and where the driver keeps no clock)."""
+        """Bits the uplink can carry before the next chain leaves and, for the tree of a chain
+        sent alone, before its verdict is due: a fork still queued then holds up the chain the
+        verdict asks for when it took none (None before the uplink's rate is measured, and
+        where the driver keeps no clock)."""
         if self.now is None or spec.started_at is None:
             return None
-        return uplink.room_bits(self.now, self.now - spec.started_at)
+        within = self.now - spec.started_at
+        due = self._verdict_due(spec)
+        if due is not None:
+            within = min(within, due - self.now)
+        return uplink.room_bits(self.now, max(within, 0.0))
+
+    def _verdict_due(self, spec: Speculation) -> float | None:
+        """When the verdict on `spec`'s chain should come, if it was sent alone: its send time
+        plus the mean window."""
+        window = None if self.planner is None else self.planner.window.value
+        if spec is not self.spec or self.sent_at is None or window is None:
+            return None
+        return self.sent_at + window
 
     @property
     def _newest_chain(self) -> Round:
