@@ -230,10 +230,12 @@ def test_forks_on_a_slow_uplink_follow_its_measured_rate(shared_world: World) ->
 def test_a_chain_sent_at_a_verdict_seldom_waits_behind_forks_on_a_slow_uplink(
     shared_world: World,
 ) -> None:
-    """At 50 kbit/s a fork takes some 50 ms to go up: the forks of a chain sent alone go up
-    only while they would be through before its verdict is due, so the chain that verdict asks
-    for (a branch no fork covered) leaves at once. Sent until the next chain was due instead,
-    they held such chains up by 52 ms on average here; now by 17."""
+    """At 50 kbit/s a fork takes some 50 ms to go up: the forks of the chain awaiting its
+    verdict go up only while they would be through before that verdict is due (a window after
+    it left, if sent alone; else the usual gap after the verdict before), so the chain that
+    verdict asks for (a branch no fork covered) leaves at once. Sent until the next chain was
+    due instead, they held such chains up by 52 ms on average here; with the due time of chains
+    sent alone only, by 17; now by 6."""
     edge_profile, cloud_profile = load_profile("edge-orin"), load_profile("cloud-a100x4-70b")
     rtt, rate, waits = 0.05, 5e4, []
     for seed in range(3):
@@ -249,7 +251,7 @@ def test_a_chain_sent_at_a_verdict_seldom_waits_behind_forks_on_a_slow_uplink(
             chain = isinstance(msg, wire.DraftWithDists) and msg.fork is None
             if r.what == "send" and chain and r.t in verdicts:
                 waits.append(r.info["arrival"] - r.t - rtt / 2 - r.info["bits"] / rate)
-    assert len(waits) > 20 and np.mean(waits) < 0.03
+    assert len(waits) > 20 and np.mean(waits) < 0.011
 
 
 def test_a_fork_taken_counts_as_a_hit_for_the_controller(shared_world: World) -> None:

@@ -64,7 +64,7 @@ from wanspec.protocols.base import (
     Purpose,
     Send,
 )
-from wanspec.protocols.budget import BranchPlanner, ranked_capture
+from wanspec.protocols.budget import BranchPlanner, Ewma, ranked_capture
 from wanspec.protocols.control import ChainController
 from wanspec.protocols.schemes import dist_probs
 from wanspec.protocols.speculative import EdgeState, Round, SpecEdge
@@ -226,6 +226,9 @@ class PipelineEdge(SpecEdge):
         self.completing: int | None = None
         self.sent_at: float | None = None  # when the chain awaiting its verdict left, if alone
         self.verdict_at: float | None = None  # when the last verdict came
+        # seconds from a verdict to the next, for a chain already with the cloud at the first
+        # (sent ahead, or a fork taken): about the cloud's time to verify a chain
+        self.verdict_gap = Ewma()
         self.alternatives: list[list[int]] = []  # per chain depth: candidate target ids, best first
         self.round_ctx: list[int] = []  # the draft context the current chain extends
         self.rounds_log: list[dict[str, Any]] = []
@@ -512,10 +515,10 @@ class PipelineEdge(SpecEdge):
         return cost is None or cost(tips) <= (1 + FORK_TREE_SLACK) * cost(own)
 
     def _fork_room(self, spec: Speculation, uplink: UplinkModel) -> float | None:
-        """Bits the uplink can carry before the next chain leaves and, for the tree of a chain
-        sent alone, before its verdict is due: a fork still queued then holds up the chain the
-        verdict asks for when it took none (None before the uplink's rate is measured, and
-        where the driver keeps no clock)."""
+        """Bits the uplink can carry before the next chain leaves and, for the tree of the
+        chain awaiting its verdict, before that verdict is due: a fork still queued then holds
+        up the chain the verdict asks for when it took none (None before the uplink's rate is
+        measured, and where the driver keeps no clock)."""
         if self.now is None or spec.started_at is None:
             return None
         within = self.now - spec.started_at
@@ -525,12 +528,16 @@ class PipelineEdge(SpecEdge):
         return uplink.room_bits(self.now, max(within, 0.0))
 
     def _verdict_due(self, spec: Speculation) -> float | None:
-        """When the verdict on `spec`'s chain should come, if it was sent alone: its send time
-        plus the mean window."""
-        window = None if self.planner is None else self.planner.window.value
-        if spec is not self.spec or self.sent_at is None or window is None:
+        """When the verdict on `spec`'s chain should come, if it awaits its verdict: its send
+        time plus the mean window, if it was sent alone; else, being with the cloud since the
+        verdict before, that verdict's time plus the mean gap between such verdicts."""
+        if spec is not self.spec:
             return None
-        return self.sent_at + window
+        if self.sent_at is not None:
+            window = None if self.planner is None else self.planner.window.value
+            return None if window is None else self.sent_at + window
+        gap = self.verdict_gap.value
+        return None if gap is None or self.verdict_at is None else self.verdict_at + gap
 
     @property
     def _newest_chain(self) -> Round:
@@ -572,6 +579,8 @@ class PipelineEdge(SpecEdge):
                 # a chain sent ahead: its verdict follows the one before by T_verify at least,
                 # and by exactly that when it waited at the cloud
                 self.controller.observe_verdict_gap(self.now - self.verdict_at)
+        if self.sent_at is None and self.now is not None and self.verdict_at is not None:
+            self.verdict_gap.update(self.now - self.verdict_at)
         self.verdict_at = self.now
         # the first verdict's window is unlike the rest (the handshake went up just before its
         # chain, the cloud's prefill ran in it): fitted with one more window, it can make the
