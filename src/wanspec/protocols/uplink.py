@@ -20,7 +20,7 @@ import numpy as np
 RATES_BPS = np.geomspace(1e4, 1e11, 71)  # the rates tried: 10 kbit/s … 100 Gbit/s, ≈ 26 % apart
 EXCHANGES = 32  # the windows kept
 KNOWN_AFTER = 2  # windows before the fit is trusted: one window fits every rate alike
-RELATIVE_SLACK = 1e-3  # rates fitting within this of the best count as ties (the fastest wins)
+RELATIVE_SLACK = 1e-3  # rates fitting within this of the best count as ties (the slowest wins)
 
 
 @dataclass
@@ -47,8 +47,10 @@ class UplinkModel:
 
     def _fit(self) -> int:
         """The rate whose rests (window less wait and transmission) vary least among those
-        that leave none negative; among near ties the fastest, since windows that never waited
-        cannot tell fast rates apart."""
+        that leave none negative; among near ties the slowest: windows that never waited
+        cannot tell fast rates apart, and a rate guessed too fast floods the uplink with forks
+        (a chain sent alone, which could correct it, then seldom comes), one too slow only
+        holds some back."""
         rests = np.array(self.rests)  # windows × rates
         spread = rests.var(axis=0)
         feasible = rests.min(axis=0) >= 0.0  # no window shorter than its own wait and sending
@@ -56,7 +58,7 @@ class UplinkModel:
             spread[~feasible] = np.inf
         best = spread.min()
         ties = np.flatnonzero(spread <= best + RELATIVE_SLACK * max(best, 1e-12))
-        return int(ties.max())
+        return int(ties.min())
 
     def rate_bps(self) -> float | None:
         """The fitted rate (None before `KNOWN_AFTER` windows were seen)."""
