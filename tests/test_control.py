@@ -23,6 +23,7 @@ from wanspec.protocols.control import (
     ChainController,
     Estimates,
     best_setting,
+    chain_seconds,
     modelled_rate,
     tokens_per_chain,
     verdict_gap,
@@ -221,6 +222,61 @@ def test_the_controller_bounds_the_cloud_time_by_the_window_until_it_is_measured
     assert ctl.estimates().verify_s == pytest.approx(0.3)
 
 
+def test_the_handshake_round_trip_bounds_the_cloud_time_where_no_chain_waits() -> None:
+    """Where the edge is slower than the cloud, no chain waits at the cloud and every verdict
+    gap is the edge's: the window less the handshake's round trip is the cloud's time."""
+    ctl = ChainController(start=4, gamma_max=8, chains_in_flight=2)
+    _measured(ctl, 0.3, WARMUP_CHAINS)
+    ctl.observe_round_trip(0.2)
+    assert ctl.estimates().verify_s == pytest.approx(0.1)
+    ctl.observe_verdict_gap(0.25)  # a gap the edge's drafting set: no bound below 0.1
+    assert ctl.estimates().verify_s == pytest.approx(0.1)
+    ctl.observe_verdict_gap(0.04)  # a chain that waited at the cloud: the cloud's own time
+    assert ctl.estimates().verify_s == pytest.approx(0.04)
+
+
+def _fed(forks_of_hits: float) -> ChainController:
+    """A deepspec-tree controller after 40 verdicts at α ≈ 0.65 over a 300 ms window, its hits
+    taken as forks in the given share."""
+    ctl = ChainController(start=4, gamma_max=8, chains_in_flight=2)
+    ctl.observe_tree_pass(0.04)
+    ctl.observe_draft(0.04)
+    ctl.observe_round_trip(0.15)
+    for k in range(40):
+        ctl.observe_verdict(2, 4, 0.3)  # 2 of 3 tested accepted: α = 2/3
+        ctl.observe_outcome(hit=True, fork=k % 10 < 10 * forks_of_hits)
+    return ctl
+
+
+def test_forks_taken_keep_the_chains_short() -> None:
+    """A rejection whose branch is a fork with the cloud costs no window, so the run of chains
+    in flight goes on: the round trip a long chain amortises is paid less often, and the
+    controller keeps shorter chains than where every rejection waits a window."""
+    plain, forked = _fed(0.0), _fed(0.5)
+    assert plain.estimates().fork_share_of_hits == 0.0
+    assert forked.estimates().fork_share_of_hits == pytest.approx(20 / 41)  # one pseudo-hit
+    assert forked.next_gamma() < plain.next_gamma()
+    est = forked.estimates()
+    for gamma in range(1, 9):
+        assert modelled_rate(gamma, est, 2) > modelled_rate(gamma, plain.estimates(), 2)
+
+
+def test_a_fork_taken_must_be_a_hit() -> None:
+    with pytest.raises(ValueError, match="hit"):
+        ChainController(start=4, gamma_max=8).observe_outcome(hit=False, fork=True)
+
+
+def test_a_rejection_always_taken_as_a_fork_leaves_the_chains_back_to_back() -> None:
+    """Every rejection a fork with the cloud and no miss: with chains enough in flight to cover
+    the window, the verdicts come as fast as the edge drafts trees, as if every chain were
+    accepted whole (and no faster than the truncated run allows)."""
+    est = Estimates(alpha=0.5, window_s=0.3, tree_pass_s=0.04, draft_s=0.04, miss_share=0.0,
+                    verify_s=0.01, fork_share_of_hits=1.0)  # fmt: skip
+    assert est.fork(3) == 1.0
+    assert chain_seconds(3, est, 1) > 0.25  # one chain in flight still waits its window
+    assert chain_seconds(3, est, 4) == pytest.approx(3 * 0.04, rel=0.1)
+
+
 def test_the_controller_keeps_its_start_until_it_has_measured() -> None:
     ctl = ChainController(start=4, gamma_max=8)
     ctl.observe_tree_pass(0.01)
@@ -348,3 +404,17 @@ def test_auto_gamma_is_faster_than_the_default_on_a_long_round_trip(shared_world
     assert max(edge.controller.history) > DEFAULT_GAMMA
     assert auto.duration_s < fixed.duration_s
     assert math.isfinite(auto.duration_s)
+
+
+def test_deepspec_tree_auto_feeds_its_forks_and_its_handshake(shared_world: World) -> None:
+    """The edge tells its controller which hits were forks with the cloud and how long the
+    handshake took: without either, its model prices deepspec-tree as acespec and picks long
+    chains."""
+    rtt = 0.15
+    link = Link(bandwidth_bps=1e7, rtt_s=rtt)
+    settings = dict(seed=0, max_new_tokens=48, temperature=1.2, chains_in_flight="auto")
+    _, edge, _ = shared_world.run("deepspec-tree", link=link, gamma="auto", **settings)
+    ctl = edge.controller
+    assert ctl.forks == edge.counters["forks_taken"] > 0
+    assert ctl.rejections - ctl.misses >= ctl.forks
+    assert rtt <= ctl.round_trip_s < rtt + 0.01  # Hello up and HelloAck down, at 10 Mbit/s

@@ -356,7 +356,7 @@ async def drive(
     run = _Run(machine, stream, run_job, executor, limits, inspect, on_emit)
     helpers = [asyncio.create_task(run.read_frames()), asyncio.create_task(run.work())]
     try:
-        await run.handle(Start())
+        await run.handle(Start(run.now()))
         for msg in first:
             bits = 8 * len(wire.encode(msg, stream.limits))
             run.side.received.add(msg, bits)

@@ -90,6 +90,8 @@ def request_rng(seed: int, side: Side) -> np.random.Generator:
 class Start:
     """The driver starts the request (edge: begin; cloud: ready to receive)."""
 
+    at: float | None = None  # the driver's clock (virtual or wall) at the start, if it has one
+
 
 @dataclass(frozen=True)
 class MessageReceived:

@@ -12,7 +12,10 @@ analysis (docs/METHODS.md), checked against the simulator on the i.i.d. syntheti
   once the tree of chain k − 1 is drafted (τ = γ·T_tree after it left) and chain k − D has its
   verdict, and its verdict comes W = RTT + T_verify after it left, or T_verify after the one
   before. `verdict_gap` sums that recursion over the geometric length of the run. For D = 1 it
-  is AceSpec's max(τ, W) + P_miss·γ·T_draft.
+  is AceSpec's max(τ, W) + P_miss·γ·T_draft;
+- a rejection whose branch went up as a fork (`deepspec-tree`) is no end of the run: the cloud
+  verifies the fork at once, as it would the continuation after a full acceptance, so the run
+  goes on with P = α^γ + (1 − α^γ)·P(fork | rejection), and only the other rejections hit or miss.
 
 The chosen γ and D change only the time, never the tokens: a pipeline's draws are keyed by output
 position (SPEC's Randomness clause), so a seed gives the same tokens at every γ and D.
@@ -99,22 +102,31 @@ class Estimates:
     verify_s: float = 0.0  # the cloud's time per chain, which binds chains sent back to back
     # per γ, the miss share the tree of that length is predicted to have (else `miss_share`)
     miss_by_gamma: Mapping[int, float] | None = None
+    # the share of tree hits that were forks already with the cloud (`deepspec-tree`)
+    fork_share_of_hits: float = 0.0
 
     def miss(self, gamma: int) -> float:
         if self.miss_by_gamma is None or gamma not in self.miss_by_gamma:
             return self.miss_share
         return self.miss_by_gamma[gamma]
 
+    def fork(self, gamma: int) -> float:
+        """P(the rejection's branch is a fork the cloud already holds) at draft length γ: the
+        forks' share of the hits, the hits the tree of that length is predicted to have."""
+        return (1.0 - self.miss(gamma)) * self.fork_share_of_hits
+
 
 def chain_seconds(gamma: int, est: Estimates, chains_in_flight: int = 1) -> float:
     """E[T] between two verdicts at draft length γ with D chains in flight."""
     alpha = min(max(est.alpha, ALPHA_MIN), ALPHA_MAX)
+    full, fork = alpha**gamma, est.fork(gamma)
+    rest = 1.0 - fork  # the rejections left to the tree lookup
     return verdict_gap(
-        alpha**gamma,
+        min(full + (1.0 - full) * fork, ALPHA_MAX),  # a fork taken goes on as a whole chain
         window_s=est.window_s,
         tree_s=gamma * est.tree_pass_s,
         redraft_s=gamma * est.draft_s,
-        miss_share=est.miss(gamma),
+        miss_share=min(est.miss(gamma) / rest, 1.0) if rest > 0 else 0.0,
         chains_in_flight=chains_in_flight,
         verify_s=est.verify_s,
     )
@@ -156,7 +168,8 @@ class ChainController:
     """γ (and, with `adapt_depth`, D) for the next chain, from running estimates the edge feeds.
 
     Feeds: `observe_verdict(accepted, drafted, window_s)` per verdict; `observe_tree_pass(s)` and
-    `observe_draft(s)` per compute; `observe_outcome(hit)` per rejection looked up in the tree.
+    `observe_draft(s)` per compute; `observe_outcome(hit, fork=)` per rejection looked up in the
+    tree (or taken as a fork).
     Until the estimates exist (`WARMUP_CHAINS` verdicts, one tree pass and one draft) it keeps
     `start` and `START_DEPTH`. `adapt_gamma` False holds γ at `start`; `chains_in_flight` is D,
     or D's upper limit when `adapt_depth`. With a `hit_model` each candidate γ gets the miss
@@ -176,10 +189,12 @@ class ChainController:
     tested: int = field(init=False, default=0)
     rejections: int = field(init=False, default=0)
     misses: int = field(init=False, default=0)
+    forks: int = field(init=False, default=0)
     window: Ewma = field(init=False, default_factory=Ewma)
     tree_pass: Ewma = field(init=False, default_factory=Ewma)
     draft: Ewma = field(init=False, default_factory=Ewma)
     verify_s: float | None = field(init=False, default=None)
+    round_trip_s: float | None = field(init=False, default=None)
     history: list[int] = field(init=False, default_factory=list)
     depth_history: list[int] = field(init=False, default_factory=list)
 
@@ -205,15 +220,26 @@ class ChainController:
         if window_s is not None:
             self.window.update(window_s)
 
-    def observe_outcome(self, hit: bool) -> None:
+    def observe_outcome(self, hit: bool, *, fork: bool = False) -> None:
+        """A rejection looked up in the tree: a hit or a miss, and a hit that was a fork the
+        cloud held already (`deepspec-tree`)."""
+        if fork and not hit:
+            raise ValueError("a fork taken is a hit")
         self.rejections += 1
         self.misses += int(not hit)
+        self.forks += int(fork)
 
     def observe_verdict_gap(self, seconds: float) -> None:
         """The time between a verdict and the one before, for a chain sent before that one came:
         never less than the cloud's time per chain, and equal to it when the chain waited at
         the cloud, so the least seen bounds T_verify from above and soon meets it."""
         self.verify_s = seconds if self.verify_s is None else min(self.verify_s, seconds)
+
+    def observe_round_trip(self, seconds: float) -> None:
+        """The handshake's round trip (the cloud answers it without computing): the window
+        less it is about the cloud's time per chain, which the verdict gaps show only once a
+        chain waits at the cloud; where the edge is slower, none ever does."""
+        self.round_trip_s = seconds
 
     def observe_tree_pass(self, seconds: float) -> None:
         self.tree_pass.update(seconds)
@@ -229,7 +255,12 @@ class ChainController:
         miss_share = (self.misses + PRIOR_MISS_SHARE) / (self.rejections + 1)
         # with no chain sent ahead yet, the cloud's time is bounded by the window alone
         verify = window if self.verify_s is None else min(self.verify_s, window)
-        return Estimates(self.alpha, window, tree, draft, miss_share, verify, self._misses())
+        if self.round_trip_s is not None:
+            verify = min(verify, max(window - self.round_trip_s, 0.0))
+        # one pseudo-hit that was no fork, as the miss share's pseudo-rejection: the first fork
+        # taken must not make every hit look like one
+        forks = self.forks / (self.rejections - self.misses + 1)
+        return Estimates(self.alpha, window, tree, draft, miss_share, verify, self._misses(), forks)
 
     def _misses(self) -> dict[int, float] | None:
         """The hit model's miss share per candidate γ: a longer chain spreads the same budget

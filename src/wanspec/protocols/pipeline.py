@@ -225,6 +225,7 @@ class PipelineEdge(SpecEdge):
         # rows start among that pass's
         self.completing: int | None = None
         self.sent_at: float | None = None  # when the chain awaiting its verdict left, if alone
+        self.opened_at: float | None = None  # when the Hello left (the handshake's round trip)
         self.verdict_at: float | None = None  # when the last verdict came
         # seconds from a verdict to the next, for a chain already with the cloud at the first
         # (sent ahead, or a fork taken): about the cloud's time to verify a chain
@@ -234,6 +235,16 @@ class PipelineEdge(SpecEdge):
         self.rounds_log: list[dict[str, Any]] = []
 
     # ---- clock stamps (for the budget and the controller only)
+    def on_start(self) -> list[Action]:
+        self.opened_at = self.now
+        return super().on_start()
+
+    def on_hello_ack(self, ack: wire.HelloAck) -> list[Action]:
+        actions = super().on_hello_ack(ack)
+        if self.controller is not None and None not in (self.now, self.opened_at):
+            self.controller.observe_round_trip(self.now - self.opened_at)  # type: ignore[operator]
+        return actions
+
     def handle(self, event: Event) -> list[Action]:
         actions = super().handle(event)  # keeps the stamp in `now`
         for action in actions:
@@ -687,7 +698,7 @@ class PipelineEdge(SpecEdge):
             raise RuntimeError("the fork taken does not spell the committed context")
         self.count("forks_taken")
         if self.controller is not None:
-            self.controller.observe_outcome(True)
+            self.controller.observe_outcome(True, fork=True)
         nxt = self.ahead[0].spec if self.ahead else None
         tree = next((t for t in (nxt.co if nxt else []) if t.fork is fork), None)
         if tree is None:

@@ -32,6 +32,7 @@ from wanspec.protocols.base import (
     ProtocolError,
     Purpose,
     Send,
+    Start,
     request_rng,
 )
 from wanspec.protocols.cache import CacheMirror
@@ -164,7 +165,7 @@ class SpecEdge(EdgeMachine):
 
     def handle(self, event: Event) -> list[Action]:
         """Keep the driver's clock stamp: the chooser is told what each rejected round took."""
-        if isinstance(event, MessageReceived | ComputeDone) and event.at is not None:
+        if isinstance(event, Start | MessageReceived | ComputeDone) and event.at is not None:
             self.now = event.at
         if isinstance(event, MessageReceived) and self.link is not None:
             self._observe_exchange(event.msg, event.bits)

@@ -183,8 +183,8 @@ class RequestRuntime:
 
     def start(self) -> None:
         """Schedule `Start()` to the cloud, then the edge, at the request's start."""
-        self.schedule(self.start_s, "cloud", Start())
-        self.schedule(self.start_s, "edge", Start())
+        self.schedule(self.start_s, "cloud", Start(self.start_s))
+        self.schedule(self.start_s, "edge", Start(self.start_s))
 
     def handle(self, t: float, side: Side, event: Event) -> None:
         """One of its events is due at `t` (dropped once the request is over: alone, the run
