@@ -24,6 +24,7 @@ from wanspec.protocols.control import (
     Estimates,
     best_setting,
     chain_seconds,
+    dists_pay,
     modelled_rate,
     tokens_per_chain,
     verdict_gap,
@@ -418,3 +419,13 @@ def test_deepspec_tree_auto_feeds_its_forks_and_its_handshake(shared_world: Worl
     assert ctl.forks == edge.counters["forks_taken"] > 0
     assert ctl.rejections - ctl.misses >= ctl.forks
     assert rtt <= ctl.round_trip_s < rtt + 0.01  # Hello up and HelloAck down, at 10 Mbit/s
+
+
+def test_a_chain_carries_its_dists_where_the_forks_save_more_than_they_take() -> None:
+    """deepspec-tree's p̃ with a chain: at 50 kbit/s (its p̃ some 1,200 bits, 24 ms) forks
+    taken at one rejection in eight save less than that over a 230 ms window; at 100 Mbit/s
+    the same forks pay; with no fork ever taken nothing does."""
+    measured = dict(reject=0.59, fork_share=0.125, window_s=0.23)
+    assert not dists_pay(**measured, extra_s=1_200 / 5e4)
+    assert dists_pay(**measured, extra_s=1_200 / 1e8)
+    assert not dists_pay(**{**measured, "fork_share": 0.0}, extra_s=0.0)

@@ -1,9 +1,11 @@
 """deepspec-tree: deepspec whose tree's branches go to the cloud as forks.
 
-The cloud resolves a rejection itself (UL: p̃ travels with every chain) and verifies at once the
+The cloud resolves a rejection itself (UL: p̃ travels with the chain) and verifies at once the
 fork whose round and token that verdict left last in the output; every other fork of that round
-is stale. Here the cloud is driven with messages (through the codec) on a pair with one
-next-token law, so which token the cloud draws is known in advance where it matters. The law:
+is stale. A chain the edge sent without its p̃ (a plain Draft) is resolved as in deepspec: q̂
+comes down and the edge draws the token. Here the cloud is driven with messages (through the
+codec) on a pair with one next-token law, so which token the cloud draws is known in advance
+where it matters. The law:
 tests/test_protocols_pooled_law.py; tokens against the link, depth and budget:
 tests/test_pipeline.py.
 """
@@ -84,6 +86,55 @@ def test_a_continuation_is_verified_after_a_full_acceptance_and_a_branch_is_not(
     assert (verdict.msg.round, verdict.msg.accepted, verdict.msg.token) == (0, 1, None)
     (reply,) = _done(cloud, run, verify)
     assert reply.msg.round == 2 and cloud.inner.counters["stale_drafts"] == 1
+
+
+def _plain(rnd: int, base: int, tokens: tuple, **fields: Any) -> wire.Draft:
+    """A chain sent without its p̃: p̃(x) = 1/2 for each token."""
+    return wire.Draft(rnd, base, tokens=tokens, probs=(32768,) * len(tokens), **fields)
+
+
+def test_a_chain_without_its_dists_is_resolved_on_the_edge(world: World) -> None:
+    """A plain chain's rejection ships q̂ (the residual downlink) and appends nothing: the
+    edge draws the token, so every fork at the next position is stale, and the next chain
+    brings the edge's token as committed. UL's cloud would have drawn it itself."""
+    cloud, run = world.ready_cloud("deepspec-tree", max_new_tokens=20, gamma=2)
+    (verify,) = deliver(cloud, _plain(0, 0, (D, A)))
+    assert deliver(cloud, _chain(world, 1, 1, (A,), fork=(0, A))) == []
+    (verdict,) = _done(cloud, run, verify)  # nothing more to verify: the fork was stale
+    msg = verdict.msg
+    assert (msg.round, msg.accepted, msg.token) == (0, 0, None)
+    assert msg.dist is not None and msg.dist.width == world.alignment.target_width
+    assert cloud.inner.output == []
+    assert cloud.inner.counters["stale_drafts"] == 1
+    nxt = _chain(world, 2, 0, (A,))  # the edge drew 'b': it goes up with the next chain
+    nxt = wire.DraftWithDists(2, 0, (B,), nxt.tokens, (), nxt.width, (0,), nxt.dists)
+    (verify,) = deliver(cloud, nxt)
+    (verdict,) = _done(cloud, run, verify)
+    assert cloud.inner.output[:1] == [B] and verdict.msg.round == 2
+
+
+def test_a_plain_chain_sent_ahead_follows_only_a_chain_accepted_whole(world: World) -> None:
+    """Without its p̃ a chain sent ahead names the chain it continues as the round before it
+    (`ahead`): verified after that round was accepted whole, stale after a rejection at its
+    last position, where UL's cloud appended a token of its own."""
+    cloud, run = world.ready_cloud("deepspec-tree", max_new_tokens=20, gamma=2)
+    width = world.alignment.target_width
+    counts = np.zeros(width, dtype=np.int64)
+    counts[[A, B, C, D]] = (1, 1, 1, 65532)  # p̃('a') tiny: accepted whatever the coin
+    chain = wire.DraftWithDists(0, 0, (), (A,), (), width, (0,), (wire.Dist.from_dense(counts),))
+    (verify,) = deliver(cloud, chain)
+    assert deliver(cloud, _plain(1, 1, (D,), ahead=True)) == []
+    verdict, verify = _done(cloud, run, verify)
+    assert (verdict.msg.accepted, verdict.msg.token) == (1, None)  # accepted whole
+    verdict, *_ = _done(cloud, run, verify)
+    assert verdict.msg.round == 1 and verdict.msg.accepted == 0  # 'd' rejected: verified
+    assert cloud.inner.counters.get("stale_drafts", 0) == 0
+    cloud, run = world.ready_cloud("deepspec-tree", max_new_tokens=20, gamma=2)
+    (verify,) = deliver(cloud, _chain(world, 0, 0, (D,)))  # rejected; the cloud draws a token
+    assert deliver(cloud, _plain(1, 1, (A,), ahead=True)) == []
+    (verdict,) = _done(cloud, run, verify)
+    assert verdict.msg.token is not None and len(cloud.inner.output) == 1
+    assert cloud.inner.counters["stale_drafts"] == 1
 
 
 @pytest.mark.parametrize(

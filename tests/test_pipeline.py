@@ -100,7 +100,9 @@ def test_deepspec_tree_tokens_do_not_depend_on_the_link_the_depth_or_the_tree(
     counts stale (a chain sent ahead it cancelled, a fork it did not take; the last ones may
     still be on their way at the end), and forks were taken, among them forks whose trees the
     next chain's passes drafted: drafted whole, and still drafting (the fork tree's rows then
-    come from a pass of a tree gone stale)."""
+    come from a pass of a tree gone stale). Every chain carries its p̃ here: where the edge
+    chooses (`lone_chain_dists="auto"`) it chooses by the clock, and a chain without its p̃ has
+    its rejection resolved on the edge, from its own stream."""
     cases = [  # link, chains in flight, budget, forks per tree, fork trees
         (Link(1e7, 0.02), 2, 4, 1024, 3),
         (Link(1e6, 0.3), 3, 16, 1, 3),
@@ -117,7 +119,7 @@ def test_deepspec_tree_tokens_do_not_depend_on_the_link_the_depth_or_the_tree(
             sim, edge, cloud = shared_world.run(
                 "deepspec-tree", link=link, chains_in_flight=chains, tree_budget=budget,
                 forks_per_tree=forks, fork_trees=fork_trees, seed=seed, max_new_tokens=40,
-                gamma=3, temperature=1.2,
+                gamma=3, temperature=1.2, lone_chain_dists="always",
             )  # fmt: skip
             assert sim.finish_reason == "length" and sim.cloud_finish is None
             c = edge.counters
@@ -157,7 +159,7 @@ def test_every_chain_verified_was_drafted_from_its_own_context(shared_world: Wor
         sim, edge, _ = shared_world.run(
             "deepspec-tree", link=Link(1e8, 0.1), profile=edge_profile,
             cloud_profile=cloud_profile, trace=True, gamma=3, tree_budget=8, seed=seed,
-            max_new_tokens=60, temperature=1.0,
+            max_new_tokens=60, temperature=1.0, lone_chain_dists="always",
         )  # fmt: skip
         in_flight += edge.counters.get("fork_trees_taken_in_flight", 0)
         cloud_msgs = [
@@ -206,7 +208,7 @@ def test_a_miss_while_a_kept_path_waits_behind_a_long_pass_leaves_it_kept() -> N
             synthetic_pair(0.8, seed), f"Question {seed}:", "deepspec-tree",
             link=Link(bandwidth_bps=1e8, rtt_s=0.15), edge_profile=steep,
             cloud_profile="cloud-a100x4-70b", gamma=4, max_new_tokens=64, seed=seed,
-            tree_fixed=True, tree_budget=16, fork_trees=8,
+            tree_fixed=True, tree_budget=16, fork_trees=8, lone_chain_dists="always",
         )  # fmt: skip
         assert res.stats["new_tokens"] == 64 and res.stats["redrafts"] > 0
 
@@ -242,7 +244,7 @@ def test_a_chain_sent_at_a_verdict_seldom_waits_behind_forks_on_a_slow_uplink(
         sim, _, _ = shared_world.run(
             "deepspec-tree", link=Link(rate, rtt), profile=edge_profile,
             cloud_profile=cloud_profile, trace=True, gamma=4, tree_budget=16, seed=seed,
-            max_new_tokens=64, temperature=1.0,
+            max_new_tokens=64, temperature=1.0, lone_chain_dists="always",
         )  # fmt: skip
         edge = [r for r in sim.trace if r.side == "edge"]
         verdicts = {r.t for r in edge if r.what == "recv" and r.info["type"] == "VerifyResult"}
@@ -438,3 +440,43 @@ def test_the_budget_follows_the_round_trip_and_stays_under_b_max() -> None:
         budgets[rtt] = [sum(r["fanout"]) + 1 for r in edge.rounds_log][1:]
     assert max(budgets[0.02]) < min(budgets[0.08]) <= max(budgets[0.08]) < 40
     assert set(budgets[2.0]) == {40}  # B_max caps a long round trip
+
+
+def test_deepspec_tree_auto_is_deepspec_where_no_chain_is_sent_ahead() -> None:
+    """At RTT 10 ms on AceSpec's testbed a tree takes longer to draft than the window: no chain
+    goes ahead, so no fork would go up either, and every chain leaves its p̃ behind. The run is
+    then deepspec's, token for token (the edge draws every residual, as acespec's does)."""
+    link = Link(bandwidth_bps=1e8, rtt_s=0.01)
+    for seed in range(2):
+        runs = {}
+        for method in ("deepspec", "deepspec-tree"):
+            runs[method] = wanspec.generate(
+                synthetic_pair(0.8, seed), f"Question {seed}:", method, link=link,
+                edge_profile="edge-orin", cloud_profile="cloud-a100x4-70b", gamma=4,
+                max_new_tokens=64, seed=seed,
+            )  # fmt: skip
+        stats = runs["deepspec-tree"].stats
+        assert runs["deepspec-tree"].token_ids == runs["deepspec"].token_ids
+        assert stats["chains_plain"] == stats["rounds"] and stats["plain_rejections"] > 0
+        assert "chains_sent_ahead" not in stats and "dists_rejections" not in stats
+
+
+def test_deepspec_tree_auto_sends_the_dists_where_forks_pay_for_them() -> None:
+    """At RTT 150 ms and 100 Mbit/s forks save a window for next to no bits: after the first
+    chains every chain carries its p̃. At 50 kbit/s a chain's p̃ takes longer on the uplink
+    than the forks it makes possible save, at the share they are taken in there: most chains
+    go without it."""
+    plain = {}
+    for rate, rtt in ((1e8, 0.15), (5e4, 0.05)):
+        chains = plain[rate] = 0
+        for seed in range(3):
+            stats = wanspec.generate(
+                synthetic_pair(0.8, seed), f"Question {seed}:", "deepspec-tree",
+                link=Link(bandwidth_bps=rate, rtt_s=rtt), edge_profile="edge-orin",
+                cloud_profile="cloud-a100x4-70b", gamma=4, max_new_tokens=256, seed=seed,
+            ).stats  # fmt: skip
+            plain[rate] += stats.get("chains_plain", 0)
+            chains += stats["rounds"] + stats.get("forks_sent", 0) - stats.get("forks_taken", 0)
+            assert rate < 1e8 or stats.get("forks_taken", 0) > 0
+        plain[rate] /= chains
+    assert plain[1e8] < 0.05 < 0.3 < plain[5e4], plain

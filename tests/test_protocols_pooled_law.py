@@ -329,6 +329,30 @@ def test_srdv_k_and_m_changing_between_rejections_keep_the_pooled_law(
     assert paths["srdv_candidate_rounds"] > paths["srdv_fallbacks"] + 50, paths
 
 
+def _every_other_chain_plain(self: Any, rnd: Any, *, alone: bool) -> bool:
+    """deepspec-tree's choice of p̃ per chain turning over with the round number (a choice that
+    depends on the past only, as the measured one does)."""
+    return rnd.index % 2 == 1
+
+
+@pytest.mark.parametrize("gamma", [1, 2])
+def test_deepspec_tree_mixing_chains_with_and_without_dists_keeps_the_pooled_law(
+    worlds: dict[str, World], monkeypatch: pytest.MonkeyPatch, gamma: int
+) -> None:
+    """Chains with p̃ (the cloud draws a rejection's token, from the float q, and may go on with
+    a fork) and without (q̂ comes down, the edge draws it) in one run, sent alone and ahead: a
+    mechanism that followed the wrong message type, or a fork taken after a plain chain, moves
+    the frequencies."""
+    monkeypatch.setattr(pipeline.PipelineEdge, "_goes_plain", _every_other_chain_plain)
+    settings = {"gamma": gamma, "tree_budget": 4}
+    runs, paths = pooled_runs(worlds["shared"], "deepspec-tree", 60, **settings)
+    p_single, p_pairs = pooled_p_values(runs, SHARED_Q)
+    assert p_single > ALPHA and p_pairs > ALPHA, (p_single, p_pairs)
+    _check_paths("deepspec-tree", settings, paths, ("fork taken", "ahead verified"))
+    assert paths["plain_rejections"] > 50 and paths["dists_rejections"] > 50, paths
+    assert paths["chains_plain_ahead"] > 20, paths
+
+
 def _reuse_the_rejected_tokens_stream(monkeypatch: pytest.MonkeyPatch) -> None:
     """Plant the old keying: the continuation after a full chain starts one position too far,
     so its chain's tokens are drawn with the next position's stream."""

@@ -50,6 +50,14 @@ SWITCH_GAIN = 0.04
 DEPTH_SLACK = 0.01
 
 
+def dists_pay(*, reject: float, fork_share: float, window_s: float, extra_s: float) -> bool:
+    """Whether a chain sent alone should carry its p̃ (`deepspec-tree`): only then can the cloud
+    go on with one of its forks after a rejection (P = `reject`), which it does in the share
+    `fork_share` of such rejections, each saving about a window; against that, its p̃ keeps
+    the uplink `extra_s` longer."""
+    return reject * fork_share * window_s > extra_s
+
+
 def tokens_per_chain(alpha: float, gamma: int) -> float:
     """E[L]: tokens a chain of γ commits (accepted ones, plus the resolved one at a rejection)."""
     alpha = min(max(alpha, ALPHA_MIN), ALPHA_MAX)

@@ -166,11 +166,12 @@ METHODS: dict[str, MethodInfo] = {
         MethodInfo(
             "deepspec-tree",
             True,
-            "DeepSpec whose cloud also resolves a rejection itself (UL: p̃ travels with each "
+            "DeepSpec whose cloud also resolves a rejection itself (UL: p̃ travels with the "
             "chain) and goes straight on to the matching branch of the tree, which the edge "
             "sent as a fork once drafted: a rejection costs no round trip when its branch is in "
-            "the tree",
-            spec.UplinkDists,
+            "the tree; a chain sent alone goes without its p̃ where its forks would not pay for "
+            "it (`lone_chain_dists`)",
+            spec.ResidualOrUplink,
             True,
             source="wanspec (in neither paper)",
             family="pipeline",

@@ -65,7 +65,7 @@ from wanspec.protocols.base import (
     Send,
 )
 from wanspec.protocols.budget import BranchPlanner, Ewma, ranked_capture
-from wanspec.protocols.control import ChainController
+from wanspec.protocols.control import ChainController, dists_pay
 from wanspec.protocols.schemes import dist_probs
 from wanspec.protocols.speculative import EdgeState, Round, SpecEdge
 from wanspec.protocols.uplink import UplinkModel
@@ -301,11 +301,42 @@ class PipelineEdge(SpecEdge):
         return 0 if self.planner is None else self.planner.b_max
 
     def _upload(self) -> list[Action]:
+        self.round.plain = self._goes_plain(self.round, alone=True)
+        if self.round.plain:
+            self.count("chains_plain")
         actions = super()._upload()
         self.sent_at = self.now
         chains = [a.msg for a in actions if isinstance(a, Send) and hasattr(a.msg, "tokens")]
         self.lone_send = self._log_send(chains[-1]) if chains else None
         return [*actions, *self._speculate()]
+
+    def _goes_plain(self, rnd: Round, *, alone: bool) -> bool:
+        """Whether a chain about to go up leaves its p̃ behind (`lone_chain_dists` 'auto',
+        `deepspec-tree`). Its p̃ only lets the cloud go on with one of its forks, so it goes
+        where forks taken, at the share of rejections they have been taken in on chains with
+        p̃ (one pseudo-fork in two pseudo-rejections: the first chains try them out), save more
+        time than the p̃ takes on the uplink at its measured rate (`dists_pay`; nothing before
+        the rate is known). A chain sent alone goes without it until a chain was sent ahead: its
+        forks would go up once its tree is drafted before its verdict, which is when a chain is
+        sent ahead too; where that never happens (a short window) the run is `deepspec`'s."""
+        if not self.scheme.chooses_dists or self.settings.lone_chain_dists != "auto":
+            return False
+        assert self.planner is not None and self.uplink is not None  # every such edge has them
+        counts = self.counters
+        window, rate = self.planner.window.value, self.uplink.rate_bps()
+        if window is None or (alone and not counts.get("chains_sent_ahead", 0)):
+            return True
+        fork_share = (counts.get("forks_taken", 0) + 1) / (counts.get("dists_rejections", 0) + 2)
+        extra_s = 0.0
+        if rate is not None:
+            plain, rnd.plain = rnd.plain, True
+            plain_bits = wire.bits(self.draft_message(rnd))
+            rnd.plain = False
+            extra_s = (wire.bits(self.draft_message(rnd)) - plain_bits) / rate
+            rnd.plain = plain
+        reject = 1.0 - self.planner.alpha ** len(rnd.tokens)
+        return not dists_pay(reject=reject, fork_share=fork_share, window_s=window,
+                             extra_s=extra_s)  # fmt: skip
 
     def _log_send(self, msg: Any, bits: int | None = None) -> Any:
         """Log a chain given to the link, with its bits (where the edge prices its uplink)."""
@@ -446,11 +477,16 @@ class PipelineEdge(SpecEdge):
         full = 1 + len(self.ahead) >= self.chains_in_flight
         if full or branch is None or base >= self.settings.max_new_tokens:
             return []
+        last = self._newest_chain.index
         if self.send_forks:  # continues the newest chain accepted whole: its last token stays
-            rnd = Round(self._rounds, base, fork=(self._newest_chain.index, branch.root))
+            rnd = _chain_of(branch, Round(self._rounds, base, fork=(last, branch.root)))
+            # without its p̃ it can name what it continues only as the round before it
+            if self._rounds == last + 1 and self._goes_plain(rnd, alone=False):
+                rnd.fork, rnd.ahead, rnd.plain = None, True, True
+                self.count("chains_plain")
+                self.count("chains_plain_ahead")
         else:
-            rnd = Round(self._rounds, base, ahead=True)
-        rnd = _chain_of(branch, rnd)
+            rnd = _chain_of(branch, Round(self._rounds, base, ahead=True))
         self._rounds += 1
         alternatives = self._ranked(branch)
         offset = newest.offset + newest.nodes
@@ -468,7 +504,7 @@ class PipelineEdge(SpecEdge):
         measured rate, can carry them before the next chain leaves (about as long from now as
         this tree took): each is the chain the cloud verifies next, at once, if the verdict
         rejects the token at the branch's depth and draws the branch's root there."""
-        if not self.send_forks:
+        if not self.send_forks or chain.plain:  # no fork of a chain whose p̃ stayed behind
             return []
         assert self.uplink is not None  # every edge that sends forks measures its uplink
         room, cap = self._fork_room(spec, self.uplink), self.settings.forks_per_tree
@@ -616,6 +652,8 @@ class PipelineEdge(SpecEdge):
     ) -> list[Action]:
         """The rejected position is resolved: commit, then look the outcome up in the tree."""
         self._observe(accepted)
+        if self.send_forks:  # chains with p̃: what the share of forks taken counts from
+            self.count("plain_rejections" if rnd.plain else "dists_rejections")
         if decided_by_edge:
             self.pending_echo.append(int(token))
         actions = self._commit(rnd, accepted, [int(token)])

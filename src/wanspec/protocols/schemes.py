@@ -11,9 +11,10 @@ exactly reported p̃, so it is exact with respect to q. A scheme that ships q to
 verifies, and both sides decide with that q̂, so it is exact with respect to q̂; the cloud sums
 TV(q, q̂) over those positions into the run's `tv_bound`.
 
-A method that chooses its mechanism per round (`AdaptiveResampling`: HR or SR-DV) hands each
-round to one member scheme (`for_round`), which both machines ask once per round, so acceptance,
-reply and follow-ups of a round all follow the one mechanism its Draft named.
+A method that chooses its mechanism per round (`AdaptiveResampling`: HR or SR-DV;
+`ResidualOrUplink`: p̃ up or q̂ down) hands each round to one member scheme (`for_round`), which
+both machines ask once per round, so acceptance, reply and follow-ups of a round all follow the
+one mechanism its draft named (by its `srdv` flag, or by carrying p̃ or not).
 
 A hook draws what its method draws and returns what to do, as plain data; the machines apply it
 in one place. The edge's hook returns `Resolved` (commit) or `Ask` (send and wait), the cloud's
@@ -126,12 +127,15 @@ class Scheme:
     replies_at_rejection: tuple[type, ...] = (wire.VerifyResult,)
     # the edge chooses per round how a rejection is resolved (`Draft.srdv`, `for_round`)
     chooses_per_round = False
+    # the edge chooses per round whether p̃ goes up (a Draft or a DraftWithDists, `for_round`)
+    chooses_dists = False
     # a rejection may be resolved by SR-DV's candidate sets (whose K and M may be chosen online)
     candidate_sets = False
 
-    def for_round(self, srdv: bool) -> Scheme:
-        """The scheme that handles a round whose draft says `srdv`: this one, unless the method
-        chooses per round. The machines ask once per round and use its hooks for that round."""
+    def for_round(self, srdv: bool, plain: bool = False) -> Scheme:
+        """The scheme that handles a round whose draft says `srdv` (and went up without its p̃,
+        `plain`): this one, unless the method chooses per round. The machines ask once per
+        round and use its hooks for that round."""
         return self
 
     # ---- edge
@@ -400,7 +404,7 @@ class AdaptiveResampling(Scheme):
     def __init__(self) -> None:
         self.hr, self.srdv = Hybrid(), ServerResampleDeviceVerify()
 
-    def for_round(self, srdv: bool) -> Scheme:
+    def for_round(self, srdv: bool, plain: bool = False) -> Scheme:
         return self.srdv if srdv else self.hr
 
     def _unresolved(self, *args: Any) -> Any:
@@ -409,6 +413,30 @@ class AdaptiveResampling(Scheme):
         raise RuntimeError(f"{self.name}: ask for_round(srdv) for the round's hooks")
 
     round_target = decision_probs = cloud_reply = cloud_on_request = edge_on_reject = _unresolved
+
+
+class ResidualOrUplink(Scheme):
+    """`deepspec-tree`: a chain goes up with its p̃ (UL: the cloud draws a rejection's token
+    itself, so it can go straight on with a fork) or without it (the residual downlink: q̂ comes
+    down and the edge draws the token), as the edge chooses per chain. The message type names
+    the round's mechanism, and it holds for the whole round on both sides: UL decides with the
+    float q, the residual downlink with q̂."""
+
+    name = "residual-or-ul"
+    uploads_dists = True  # the forks, and every chain the edge sends with its p̃
+    chooses_dists = True
+
+    def __init__(self) -> None:
+        self.ul, self.residual = UplinkDists(), ResidualDownlink()
+
+    def for_round(self, srdv: bool, plain: bool = False) -> Scheme:
+        return self.residual if plain else self.ul
+
+    def _unresolved(self, *args: Any) -> Any:
+        raise RuntimeError(f"{self.name}: ask for_round(srdv, plain) for the round's hooks")
+
+    round_target = decision_probs = cloud_reply = cloud_on_request = edge_on_reject = _unresolved
+    upload_positions = _unresolved
 
 
 class GreedyReplacement(Scheme):

@@ -70,6 +70,7 @@ class Round:
     rejected_at: int = 0
     replies: int = 0  # replies about the rejected position so far (the verdict's included)
     srdv: bool = False  # a rejection is resolved by SR-DV, not HR (chosen before drafting)
+    plain: bool = False  # it goes up without its p̃ where the method chooses (`chooses_dists`)
     ahead: bool = False  # sent before the verdict on the round before it (`Draft.ahead`)
     # sent before that round's verdict, which must leave this token last (`DraftWithDists.fork`)
     fork: tuple[int, int] | None = None
@@ -90,6 +91,7 @@ class Rejection:
     replies: int = 0  # answers sent about it so far (the verdict's included)
     resolved: bool = False  # the cloud gave its token (or O-sample): nothing more may be asked
     srdv: bool = False  # the round's draft chose SR-DV (a method that chooses per round)
+    plain: bool = False  # the round's draft went up without its p̃ (`chooses_dists`)
 
 
 # ============================================================================ the edge
@@ -308,10 +310,11 @@ class SpecEdge(EdgeMachine):
     def draft_message(self, rnd: Round) -> Draft:
         """The message that sends `rnd` to the cloud, with the tokens the edge decided since the
         last one (`pending_echo`)."""
-        if self.scheme.uploads_dists:
-            positions = self.scheme.upload_positions(self, rnd)
-            if self.scheme.skipped_counter is not None:
-                self.count(self.scheme.skipped_counter, len(rnd.tokens) - len(positions))
+        scheme = self.scheme.for_round(rnd.srdv, rnd.plain)
+        if scheme.uploads_dists:
+            positions = scheme.upload_positions(self, rnd)
+            if scheme.skipped_counter is not None:
+                self.count(scheme.skipped_counter, len(rnd.tokens) - len(positions))
             return self.dists_message(rnd, positions)
         committed = tuple(self.pending_echo)
         return wire.Draft(
@@ -360,7 +363,7 @@ class SpecEdge(EdgeMachine):
                 f"a follow-up verdict at position {msg.accepted}, but position {rnd.rejected_at} "
                 "was rejected"
             )
-        scheme = self.scheme.for_round(rnd.srdv)
+        scheme = self.scheme.for_round(rnd.srdv, rnd.plain)
         if not isinstance(msg, scheme.replies_at_rejection):
             raise ProtocolError(f"{scheme.name}: unexpected {type(msg).__name__} at a rejection")
         self.state = EdgeState.RESOLVING
@@ -538,7 +541,8 @@ class SpecCloud(Machine):
                 "already resolved"
             )
         try:
-            reply = self.scheme.for_round(rejection.srdv).cloud_on_request(self, rejection, msg)
+            scheme = self.scheme.for_round(rejection.srdv, rejection.plain)
+            reply = scheme.cloud_on_request(self, rejection, msg)
         except ValueError as exc:  # the request's numbers admit no valid draw
             raise ProtocolError(f"bad request: {exc}") from exc
         rejection.resolved = isinstance(reply, wire.OToken) or (
@@ -582,7 +586,7 @@ class SpecCloud(Machine):
     def _check_draft(self, msg: Draft) -> None:
         """Refuse, on arrival, a draft this cloud could never verify."""
         expected = wire.DraftWithDists if self.scheme.uploads_dists else wire.Draft
-        if not isinstance(msg, expected):
+        if not self.scheme.chooses_dists and not isinstance(msg, expected):
             kind = f"{expected.__name__}, not {type(msg).__name__}"
             raise _bad_draft(msg, f"this method's drafts travel as {kind}")
         if _srdv(msg) and not self.scheme.chooses_per_round:
@@ -637,8 +641,8 @@ class SpecCloud(Machine):
         msg, self.verifying = self.verifying, None
         assert msg is not None
         tokens = list(msg.tokens)
-        srdv = _srdv(msg)
-        scheme = self.scheme.for_round(srdv)  # the round's mechanism, from acceptance on
+        srdv, plain = _srdv(msg), self._plain(msg)
+        scheme = self.scheme.for_round(srdv, plain)  # the round's mechanism, from acceptance on
         context = [*self.prompt_ids, *self.output]
         # each row's q (and its rounding) is computed only when the decision reaches it: a
         # rejection at position j leaves the rows after j untouched
@@ -672,9 +676,14 @@ class SpecCloud(Machine):
                 rounded[accepted],
                 dists.get(accepted),
                 srdv=srdv,
+                plain=plain,
             )
             actions = self._answer(self.rejection, scheme.cloud_reply(self, self.rejection))
         return [*actions, *self._next_draft()]
+
+    def _plain(self, msg: Draft) -> bool:
+        """Whether a draft went up without its p̃ where the method lets the edge choose."""
+        return self.scheme.chooses_dists and isinstance(msg, wire.Draft)
 
     def _add_tv(self, rounded: list[Rounded | None]) -> None:
         """The positions this round decided (accepted ones and the rejected one) with a rounded
