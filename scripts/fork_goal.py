@@ -1,4 +1,5 @@
-"""Goal (a) of the link sweep on longer runs: deepspec and deepspec-tree over acespec (γ = 4).
+"""Goal (a) of the link sweep on longer runs: deepspec and deepspec-tree over acespec (γ = 4),
+deepspec-tree both as it runs and with every chain carrying its p̃ (`tree always`).
 
 `wanspec bench link-sweep --config moderate` judges the goal on 4 prompts × 64 tokens, where
 deepspec-tree's tokens differ from acespec's (the cloud draws its residuals), so its intervals
@@ -22,7 +23,14 @@ import numpy as np
 import wanspec
 from wanspec.bench.experiment import synthetic_pair
 
-METHODS = ("acespec", "deepspec", "deepspec-tree")
+# (label, method, settings): deepspec-tree as it runs by default (each chain's p̃ only where its
+# forks pay), and with every chain carrying it
+METHODS = (
+    ("acespec", "acespec", {}),
+    ("deepspec", "deepspec", {}),
+    ("deepspec-tree", "deepspec-tree", {}),
+    ("tree always", "deepspec-tree", {"chain_dists": "always"}),
+)
 POINTS = ((0.15, 1e8), (0.3, 1e8), (0.01, 1e8), (0.05, 5e4))  # (RTT s, rate bps each way)
 
 
@@ -30,18 +38,18 @@ def rates(
     alpha: float, rtt: float, bps: float, seeds: int, tokens: int, budget: int
 ) -> dict[str, np.ndarray]:
     """Per method, per seed: (tokens, seconds) of one run, every method at the same B_max."""
-    out = {m: np.zeros((seeds, 2)) for m in METHODS}
+    out = {label: np.zeros((seeds, 2)) for label, _, _ in METHODS}
     for seed in range(seeds):
         pair = synthetic_pair(alpha, seed)
-        for method in METHODS:
+        for label, method, settings in METHODS:
             res = wanspec.generate(
                 pair, f"Question {seed}:", method,
                 link=wanspec.Link(bandwidth_bps=bps, rtt_s=rtt),
                 edge_profile="edge-orin", cloud_profile="cloud-a100x4-70b",
                 gamma=4, tree_budget=budget, max_new_tokens=tokens, seed=seed,
-                temperature=1.0, top_p=1.0,
+                temperature=1.0, top_p=1.0, **settings,
             )  # fmt: skip
-            out[method][seed] = (len(res.token_ids), res.stats["time_s"])
+            out[label][seed] = (len(res.token_ids), res.stats["time_s"])
     return out
 
 
@@ -69,15 +77,20 @@ def main() -> None:
     print(
         f"α = {args.alpha}, {args.seeds} seeds × {args.tokens} tokens, γ = 4, B_max {args.budget}\n"
     )
+    labels = [label for label, _, _ in METHODS]
     print(
-        "| RTT | rate | " + " | ".join(f"{m} tok/s" for m in METHODS) + " | deep/ace | tree/ace |"
+        "| RTT | rate | "
+        + " | ".join(f"{m} tok/s" for m in labels)
+        + " | "
+        + " | ".join(f"{m} / acespec" for m in labels[1:])
+        + " |"
     )
-    print("|---|---|" + "---|" * (len(METHODS) + 2))
+    print("|---|---|" + "---|" * (2 * len(labels) - 1))
     for rtt, bps in POINTS:
         runs = rates(args.alpha, rtt, bps, args.seeds, args.tokens, args.budget)
-        speed = [runs[m][:, 0].sum() / runs[m][:, 1].sum() for m in METHODS]
+        speed = [runs[m][:, 0].sum() / runs[m][:, 1].sum() for m in labels]
         cells = [f"{s:.2f}" for s in speed]
-        for m in METHODS[1:]:
+        for m in labels[1:]:
             point, low, high = ratio_interval(runs[m], runs["acespec"])
             cells.append(f"{point:.3f}× [{low:.3f}, {high:.3f}]")
         print(f"| {1e3 * rtt:g} ms | {bps:g} | " + " | ".join(cells) + " |", flush=True)

@@ -33,8 +33,12 @@ from wanspec.sampling import (
 from worlds import PROMPT_IDS, World
 
 LOSSLESS = [name for name, m in METHODS.items() if m.lossless]
-# lossless methods that ship q (xcosd-auto in its HR rounds: it tries HR after 16 rejections)
-SHIPS_Q = ["naive", "cosd", "xcosd", "xcosd-auto", "picospec", "acespec", "deepspec"]
+# lossless methods that ship q (xcosd-auto in its HR rounds: it tries HR after 16 rejections;
+# deepspec-tree in the chains it sends without their p̃, the first one always)
+SHIPS_Q = [
+    *("naive", "cosd", "xcosd", "xcosd-auto"),
+    *("picospec", "acespec", "deepspec", "deepspec-tree"),
+]
 
 # ----------------------------------------------------------------------------- primitives
 

@@ -101,7 +101,7 @@ def test_deepspec_tree_tokens_do_not_depend_on_the_link_the_depth_or_the_tree(
     still be on their way at the end), and forks were taken, among them forks whose trees the
     next chain's passes drafted: drafted whole, and still drafting (the fork tree's rows then
     come from a pass of a tree gone stale). Every chain carries its p̃ here: where the edge
-    chooses (`lone_chain_dists="auto"`) it chooses by the clock, and a chain without its p̃ has
+    chooses (`chain_dists="auto"`) it chooses by the clock, and a chain without its p̃ has
     its rejection resolved on the edge, from its own stream."""
     cases = [  # link, chains in flight, budget, forks per tree, fork trees
         (Link(1e7, 0.02), 2, 4, 1024, 3),
@@ -119,7 +119,7 @@ def test_deepspec_tree_tokens_do_not_depend_on_the_link_the_depth_or_the_tree(
             sim, edge, cloud = shared_world.run(
                 "deepspec-tree", link=link, chains_in_flight=chains, tree_budget=budget,
                 forks_per_tree=forks, fork_trees=fork_trees, seed=seed, max_new_tokens=40,
-                gamma=3, temperature=1.2, lone_chain_dists="always",
+                gamma=3, temperature=1.2, chain_dists="always",
             )  # fmt: skip
             assert sim.finish_reason == "length" and sim.cloud_finish is None
             c = edge.counters
@@ -159,7 +159,7 @@ def test_every_chain_verified_was_drafted_from_its_own_context(shared_world: Wor
         sim, edge, _ = shared_world.run(
             "deepspec-tree", link=Link(1e8, 0.1), profile=edge_profile,
             cloud_profile=cloud_profile, trace=True, gamma=3, tree_budget=8, seed=seed,
-            max_new_tokens=60, temperature=1.0, lone_chain_dists="always",
+            max_new_tokens=60, temperature=1.0, chain_dists="always",
         )  # fmt: skip
         in_flight += edge.counters.get("fork_trees_taken_in_flight", 0)
         cloud_msgs = [
@@ -208,7 +208,7 @@ def test_a_miss_while_a_kept_path_waits_behind_a_long_pass_leaves_it_kept() -> N
             synthetic_pair(0.8, seed), f"Question {seed}:", "deepspec-tree",
             link=Link(bandwidth_bps=1e8, rtt_s=0.15), edge_profile=steep,
             cloud_profile="cloud-a100x4-70b", gamma=4, max_new_tokens=64, seed=seed,
-            tree_fixed=True, tree_budget=16, fork_trees=8, lone_chain_dists="always",
+            tree_fixed=True, tree_budget=16, fork_trees=8, chain_dists="always",
         )  # fmt: skip
         assert res.stats["new_tokens"] == 64 and res.stats["redrafts"] > 0
 
@@ -244,7 +244,7 @@ def test_a_chain_sent_at_a_verdict_seldom_waits_behind_forks_on_a_slow_uplink(
         sim, _, _ = shared_world.run(
             "deepspec-tree", link=Link(rate, rtt), profile=edge_profile,
             cloud_profile=cloud_profile, trace=True, gamma=4, tree_budget=16, seed=seed,
-            max_new_tokens=64, temperature=1.0, lone_chain_dists="always",
+            max_new_tokens=64, temperature=1.0, chain_dists="always",
         )  # fmt: skip
         edge = [r for r in sim.trace if r.side == "edge"]
         verdicts = {r.t for r in edge if r.what == "recv" and r.info["type"] == "VerifyResult"}

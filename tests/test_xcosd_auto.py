@@ -307,7 +307,7 @@ class _NoClock:
         self.machine = machine
 
     def handle(self, event: Any) -> list[Any]:
-        if isinstance(event, MessageReceived | ComputeDone):
+        if isinstance(event, Start | MessageReceived | ComputeDone):
             event = dataclasses.replace(event, at=None)
         return self.machine.handle(event)
 

@@ -169,14 +169,15 @@ METHODS: dict[str, MethodInfo] = {
             "DeepSpec whose cloud also resolves a rejection itself (UL: p̃ travels with the "
             "chain) and goes straight on to the matching branch of the tree, which the edge "
             "sent as a fork once drafted: a rejection costs no round trip when its branch is in "
-            "the tree; a chain sent alone goes without its p̃ where its forks would not pay for "
-            "it (`lone_chain_dists`)",
+            "the tree; a chain goes without its p̃ where its forks would not pay for "
+            "it (`chain_dists`)",
             spec.ResidualOrUplink,
             True,
             source="wanspec (in neither paper)",
             family="pipeline",
             sends_ahead=True,
             sends_forks=True,
+            tokens_follow_timing=True,  # who draws a residual follows the link (the p̃ per chain)
         ),
         MethodInfo(
             "acespec-x",

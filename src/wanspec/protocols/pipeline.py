@@ -311,7 +311,7 @@ class PipelineEdge(SpecEdge):
         return [*actions, *self._speculate()]
 
     def _goes_plain(self, rnd: Round, *, alone: bool) -> bool:
-        """Whether a chain about to go up leaves its p̃ behind (`lone_chain_dists` 'auto',
+        """Whether a chain about to go up leaves its p̃ behind (`chain_dists` 'auto',
         `deepspec-tree`). Its p̃ only lets the cloud go on with one of its forks, so it goes
         where forks taken, at the share of rejections they have been taken in on chains with
         p̃ (one pseudo-fork in two pseudo-rejections: the first chains try them out), save more
@@ -319,7 +319,7 @@ class PipelineEdge(SpecEdge):
         the rate is known). A chain sent alone goes without it until a chain was sent ahead: its
         forks would go up once its tree is drafted before its verdict, which is when a chain is
         sent ahead too; where that never happens (a short window) the run is `deepspec`'s."""
-        if not self.scheme.chooses_dists or self.settings.lone_chain_dists != "auto":
+        if not self.scheme.chooses_dists or self.settings.chain_dists != "auto":
             return False
         assert self.planner is not None and self.uplink is not None  # every such edge has them
         counts = self.counters

@@ -116,7 +116,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     ),
     "forks_per_tree": (_int_in(0, MAX_TREE_TIPS), f"an integer in [0, {MAX_TREE_TIPS}]"),
     "fork_trees": (_int_in(0, MAX_TREE_TIPS), f"an integer in [0, {MAX_TREE_TIPS}]"),
-    "lone_chain_dists": (lambda v: v in ("always", "auto"), "'always' or 'auto'"),
+    "chain_dists": (lambda v: v in ("always", "auto"), "'always' or 'auto'"),
     "draft_reshape": (_real_in(0.0, 1.0, open_low=True), "a number in (0, 1] (1 = off)"),
     "draft_reshape_top": (_int_in(1, MAX_CANDIDATES), f"an integer in [1, {MAX_CANDIDATES}]"),
 }
@@ -256,14 +256,15 @@ class GenerationSettings:
             "of its cost without them; 0 = none."
         ),
     )
-    lone_chain_dists: str = field(
+    chain_dists: str = field(
         default="auto",
         metadata=_help(
-            "deepspec-tree: whether a chain sent alone carries its p̃, which lets the cloud "
-            "resolve its rejection and go on with a fork: always, or auto (only where its forks "
-            "are expected to save more time than its p̃ takes on the uplink; otherwise q̂ comes "
-            "down and the edge draws the token, as in deepspec). auto chooses by the clock, so "
-            "a seed's tokens may then differ with the link; the law does not."
+            "deepspec-tree: which chains carry their p̃, which lets the cloud resolve a chain's "
+            "rejection and go on with a fork: always, or auto (a chain carries it only where "
+            "its forks are expected to save more time than the p̃ takes on the uplink; "
+            "otherwise q̂ comes down and the edge draws the token, as in deepspec). auto "
+            "chooses by the clock, so a seed's tokens may then differ with the link; the law "
+            "does not."
         ),
     )
     # The draft may propose from any law it reports exactly: moving its mass off the tokens a
