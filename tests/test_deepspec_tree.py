@@ -45,6 +45,14 @@ def _chain(world: World, rnd: int, base: int, tokens: tuple, **fields: Any) -> w
     return wire.DraftWithDists(rnd, base, (), tokens, (), width, positions, tuple(dists), **fields)
 
 
+def _sure_chain(world: World) -> wire.DraftWithDists:
+    """Round 0: 'a' with p̃('a') tiny, so it is accepted whatever the coin."""
+    width = world.alignment.target_width
+    counts = np.zeros(width, dtype=np.int64)
+    counts[[A, B, C, D]] = (1, 1, 1, 65532)
+    return wire.DraftWithDists(0, 0, (), (A,), (), width, (0,), (wire.Dist.from_dense(counts),))
+
+
 def _done(cloud: Any, run: Any, verify: Any) -> list[Any]:
     return cloud.handle(ComputeDone(verify.job_id, run(verify.job)))
 
@@ -75,11 +83,7 @@ def test_a_continuation_is_verified_after_a_full_acceptance_and_a_branch_is_not(
     """A chain accepted whole leaves its last token last in the output: the fork naming it (the
     tree's continuation) is verified; one naming another token at the same base is stale."""
     cloud, run = world.ready_cloud("deepspec-tree", max_new_tokens=20, gamma=2)
-    width = world.alignment.target_width
-    counts = np.zeros(width, dtype=np.int64)
-    counts[[A, B, C, D]] = (1, 1, 1, 65532)  # p̃('a') tiny: accepted whatever the coin
-    chain = wire.DraftWithDists(0, 0, (), (A,), (), width, (0,), (wire.Dist.from_dense(counts),))
-    (verify,) = deliver(cloud, chain)
+    (verify,) = deliver(cloud, _sure_chain(world))
     assert deliver(cloud, _chain(world, 1, 1, (B,), fork=(0, B))) == []
     assert deliver(cloud, _chain(world, 2, 1, (B,), fork=(0, A))) == []
     verdict, verify = _done(cloud, run, verify)
@@ -118,11 +122,7 @@ def test_a_plain_chain_sent_ahead_follows_only_a_chain_accepted_whole(world: Wor
     (`ahead`): verified after that round was accepted whole, stale after a rejection at its
     last position, where UL's cloud appended a token of its own."""
     cloud, run = world.ready_cloud("deepspec-tree", max_new_tokens=20, gamma=2)
-    width = world.alignment.target_width
-    counts = np.zeros(width, dtype=np.int64)
-    counts[[A, B, C, D]] = (1, 1, 1, 65532)  # p̃('a') tiny: accepted whatever the coin
-    chain = wire.DraftWithDists(0, 0, (), (A,), (), width, (0,), (wire.Dist.from_dense(counts),))
-    (verify,) = deliver(cloud, chain)
+    (verify,) = deliver(cloud, _sure_chain(world))
     assert deliver(cloud, _plain(1, 1, (D,), ahead=True)) == []
     verdict, verify = _done(cloud, run, verify)
     assert (verdict.msg.accepted, verdict.msg.token) == (1, None)  # accepted whole

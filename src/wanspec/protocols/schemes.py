@@ -390,7 +390,19 @@ class ServerResampleDeviceVerify(Scheme):
         return Ask(message, counts=(*counts, "srdv_fallbacks"))
 
 
-class AdaptiveResampling(Scheme):
+class PerRoundScheme(Scheme):
+    """A method that hands each round to one of its member schemes (`for_round`): its own hooks
+    must never run, for a machine that skips `for_round` is a bug (the base's round_target would
+    silently decide a round with the float q whatever its mechanism)."""
+
+    def _unresolved(self, *args: Any) -> Any:
+        raise RuntimeError(f"{self.name}: ask for_round(srdv, plain) for the round's hooks")
+
+    round_target = decision_probs = cloud_reply = cloud_on_request = edge_on_reject = _unresolved
+    upload_positions = _unresolved
+
+
+class AdaptiveResampling(PerRoundScheme):
     """X-CoSD with the mechanism chosen per round: HR (`Hybrid`) or SR-DV, as the round's draft
     says. The choice must hold for the whole round on both sides, acceptance tests included: HR
     decides with q̂ rounded on C, SR-DV with the float q. The edge makes it before drafting the
@@ -407,15 +419,8 @@ class AdaptiveResampling(Scheme):
     def for_round(self, srdv: bool, plain: bool = False) -> Scheme:
         return self.srdv if srdv else self.hr
 
-    def _unresolved(self, *args: Any) -> Any:
-        """A round's hooks are its mechanism's: a machine that skips `for_round` is a bug (the
-        base's round_target would silently decide an HR round with the float q)."""
-        raise RuntimeError(f"{self.name}: ask for_round(srdv) for the round's hooks")
 
-    round_target = decision_probs = cloud_reply = cloud_on_request = edge_on_reject = _unresolved
-
-
-class ResidualOrUplink(Scheme):
+class ResidualOrUplink(PerRoundScheme):
     """`deepspec-tree`: a chain goes up with its p̃ (UL: the cloud draws a rejection's token
     itself, so it can go straight on with a fork) or without it (the residual downlink: q̂ comes
     down and the edge draws the token), as the edge chooses per chain. The message type names
@@ -431,12 +436,6 @@ class ResidualOrUplink(Scheme):
 
     def for_round(self, srdv: bool, plain: bool = False) -> Scheme:
         return self.residual if plain else self.ul
-
-    def _unresolved(self, *args: Any) -> Any:
-        raise RuntimeError(f"{self.name}: ask for_round(srdv, plain) for the round's hooks")
-
-    round_target = decision_probs = cloud_reply = cloud_on_request = edge_on_reject = _unresolved
-    upload_positions = _unresolved
 
 
 class GreedyReplacement(Scheme):
