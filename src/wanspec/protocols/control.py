@@ -73,27 +73,80 @@ def verdict_gap(
     miss_share: float,
     chains_in_flight: int = 1,
     verify_s: float = 0.0,
+    pass_s: float = 0.0,
 ) -> float:
     """E[T] between two verdicts (see the module doc): `full` = P(a chain is accepted whole),
-    `tree_s` = τ, `redraft_s` = γ·T_draft, `miss_share` = misses per rejection."""
+    `tree_s` = τ, `redraft_s` = γ·T_draft, `miss_share` = misses per rejection, `pass_s` = one
+    tree pass (0: the edge's passes are not priced)."""
     if not 0 <= full < 1:
         raise ValueError(f"P(full acceptance) must be in [0, 1), got {full}")
-    sends: list[float] = []
+    timing = dict(window_s=window_s, tree_s=tree_s, redraft_s=redraft_s, miss_share=miss_share,
+                  chains_in_flight=chains_in_flight, verify_s=verify_s, pass_s=pass_s)  # fmt: skip
+    # a run starts on time, or after a hit whose tree waits behind a stale pass (`late`): a
+    # two-state chain over the runs' starts, the late one at the mean wait the first leaves
+    gap_on_time, p_late, late = _run_gap(full, 0.0, **timing)
+    if p_late == 0:
+        return gap_on_time
+    gap_late, p_stay, _ = _run_gap(full, late, **timing)
+    share_late = p_late / (1.0 - p_stay + p_late)  # the stationary share of late starts
+    return (1.0 - share_late) * gap_on_time + share_late * gap_late
+
+
+def _run_gap(
+    full: float,
+    late: float,
+    *,
+    window_s: float,
+    tree_s: float,
+    redraft_s: float,
+    miss_share: float,
+    chains_in_flight: int,
+    verify_s: float,
+    pass_s: float,
+) -> tuple[float, float]:
+    """E[T] per verdict over a run whose first tree starts `late` after its chain left; the
+    probability that the run leaves the next run's first tree waiting (a hit sends its chain at
+    once, but its tree queues behind a pass still drafting the stale chain sent ahead), and the
+    mean wait then."""
+    drafted: list[float] = []
     verdicts: list[float] = []
     expected, weight = 0.0, 1.0 - full  # P(the run ends at chain k) = a^k (1 − a)
+    p_late = waits = 0.0
     while weight > 1e-12 * (1.0 - full) and len(verdicts) < RUN_LIMIT:
-        k = len(sends)
-        leave = 0.0 if k == 0 else sends[-1] + tree_s
+        k = len(verdicts)
+        leave = 0.0 if k == 0 else drafted[-1]
         if k >= chains_in_flight:
             leave = max(leave, verdicts[k - chains_in_flight])
-        sends.append(leave)
+        drafted.append(leave + (late if k == 0 else 0.0) + tree_s)
         verdict = max(leave + window_s, verdicts[-1] + verify_s if verdicts else 0.0)
         verdicts.append(verdict)
-        # the run ends at this chain's rejection: a hit leaves once its tree is drafted
-        hit, miss = max(verdict, leave + tree_s), verdict + redraft_s
+        # the run ends at this chain's rejection: a hit leaves once its tree is drafted, a
+        # miss redrafts once the pass in flight is done
+        ahead = drafted[k]  # the next chain leaves here, if a place in flight is free
+        if k + 1 >= chains_in_flight:
+            ahead = max(ahead, verdicts[k + 1 - chains_in_flight])
+        busy = _pass_left(verdict, drafted[k], ahead, tree_s, pass_s)
+        hit, miss = max(verdict, drafted[k]), verdict + busy + redraft_s
         expected += weight * ((1.0 - miss_share) * hit + miss_share * miss)
+        if ahead < verdict and busy > 0:  # a stale chain's pass: the hit's tree waits for it
+            p_late += weight * (1.0 - miss_share)
+            waits += weight * (1.0 - miss_share) * busy
         weight *= full
-    return (1.0 - full) * expected  # per verdict: a run holds E[K] = 1/(1 − a) of them
+    # per verdict: a run holds E[K] = 1/(1 − a) of them
+    return (1.0 - full) * expected, p_late, waits / p_late if p_late else 0.0
+
+
+def _pass_left(verdict: float, drafted: float, ahead: float, tree_s: float, pass_s: float) -> float:
+    """How much of the edge's pass in flight is left at a rejection's verdict: of the chain's
+    own tree still being drafted, or of the tree of the chain sent after it; an edge finishes
+    a pass that turned stale (a forward does not stop midway)."""
+    if pass_s <= 0:
+        return 0.0
+    if verdict < drafted:
+        return (drafted - verdict) % pass_s
+    if ahead < verdict < ahead + tree_s:
+        return (ahead + tree_s - verdict) % pass_s
+    return 0.0
 
 
 @dataclass(frozen=True)
@@ -137,6 +190,7 @@ def chain_seconds(gamma: int, est: Estimates, chains_in_flight: int = 1) -> floa
         miss_share=min(est.miss(gamma) / rest, 1.0) if rest > 0 else 0.0,
         chains_in_flight=chains_in_flight,
         verify_s=est.verify_s,
+        pass_s=est.tree_pass_s,
     )
 
 
