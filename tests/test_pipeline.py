@@ -384,7 +384,7 @@ def test_cycle_time_is_ideal_plus_the_miss_penalty(method: str, alpha: float, ga
 @pytest.mark.parametrize(
     ("chains", "alpha", "gamma", "tree_ms", "ahead_pays"),
     [(2, 0.6, 3, TREE_MS, True), (2, 0.8, 3, 10.0, True), (3, 0.9, 2, TREE_MS, True),
-     (4, 0.9, 2, 10.0, True), (2, 0.8, 2, 40.0, True), (2, 0.6, 2, 60.0, False)],
+     (4, 0.9, 2, 10.0, True), (2, 0.8, 2, 40.0, True), (2, 0.5, 3, 40.0, False)],
 )  # fmt: skip
 def test_deepspec_cycle_time_follows_the_chains_in_flight_analysis(
     chains: int, alpha: float, gamma: int, tree_ms: float, ahead_pays: bool
@@ -394,10 +394,10 @@ def test_deepspec_cycle_time_follows_the_chains_in_flight_analysis(
     tree of chain k − 1 is drafted and chain k − D has its verdict, which comes W = RTT +
     T_verify after it left or T_verify after the verdict before. A rejection that finds the
     edge drafting the tree of the chain sent after it (now stale) waits for that pass to end:
-    a miss redrafts after it, a hit's tree starts after it (T_tree = 40 and 60 ms). Measured as
+    a miss redrafts after it, a hit's tree starts after it (T_tree = 40 ms). Measured as
     the gaps between verdicts at the edge, with the measured share of full acceptances and
     misses. One chain in flight (AceSpec's max(τ, W) + misses) is 9–80% slower at these
-    points, but at T_tree = 60 ms, where the stale passes make two chains slower than one."""
+    points, but at α = 0.5, where the stale passes make two chains slower than one."""
     gaps, full, misses, verdicts = [], 0, 0, 0
     for seed in range(3):
         sim, edge, _ = _iid_run("deepspec", alpha, gamma, seed, tree_ms=tree_ms, tree_budget=8,
@@ -415,7 +415,8 @@ def test_deepspec_cycle_time_follows_the_chains_in_flight_analysis(
                   miss_share=misses / (verdicts - full), pass_s=tree_ms / 1e3)  # fmt: skip
     expected = verdict_gap(a, chains_in_flight=chains, verify_s=CLOUD_MS / 1e3, **timing)
     assert np.mean(gaps) == pytest.approx(expected, rel=0.03)
-    assert (verdict_gap(a, **timing) > 1.05 * expected) == ahead_pays
+    one_chain = verdict_gap(a, **timing)
+    assert one_chain > 1.05 * expected if ahead_pays else one_chain < expected
 
 
 def test_the_budget_follows_the_round_trip_and_stays_under_b_max() -> None:

@@ -137,15 +137,15 @@ def _run_gap(
 
 
 def _pass_left(verdict: float, drafted: float, ahead: float, tree_s: float, pass_s: float) -> float:
-    """How much of the edge's pass in flight is left at a rejection's verdict: of the chain's
-    own tree still being drafted, or of the tree of the chain sent after it; an edge finishes
-    a pass that turned stale (a forward does not stop midway)."""
-    if pass_s <= 0:
-        return 0.0
+    """How much of the edge's pass in flight is left, on average, at a rejection's verdict:
+    of the chain's own tree still being drafted, or of the tree of the chain sent after it (an
+    edge finishes a pass that turned stale: a forward does not stop midway). Half a pass, at
+    most what is left of the tree: where in a pass a verdict lands is the jitter of every
+    time before it, which the model does not know."""
     if verdict < drafted:
-        return (drafted - verdict) % pass_s
+        return min(pass_s / 2, drafted - verdict)
     if ahead < verdict < ahead + tree_s:
-        return (ahead + tree_s - verdict) % pass_s
+        return min(pass_s / 2, ahead + tree_s - verdict)
     return 0.0
 
 
