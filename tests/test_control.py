@@ -158,6 +158,25 @@ def test_best_setting_sends_chains_ahead_over_a_long_window_only() -> None:
     assert long >= 3 and short == 1
 
 
+def test_chains_in_flight_drop_without_the_margin_a_new_gamma_needs() -> None:
+    """A window shorter than a tree: a chain sent ahead gains nothing, so D falls to 1 at the
+    next chain even though its modelled gain is below `SWITCH_GAIN` (a change of D loses no
+    tree drafted; only a change of γ must pay for one)."""
+    est = _est(0.8, window_s=0.03, tree_pass_s=0.03)
+    assert modelled_rate(4, est, 1) < (1 + SWITCH_GAIN) * modelled_rate(4, est, 2)
+    assert best_setting((4, 2), [4], [1, 2], est) == (4, 1)
+
+
+def test_a_stale_pass_can_make_a_chain_sent_ahead_a_loss() -> None:
+    """The tree of a chain sent ahead is mid-pass at its predecessor's verdict: a rejection
+    waits for that pass (a miss redrafts after it, a hit's tree starts after it). At a low α
+    that costs more than the chains accepted whole save, and the model must say so."""
+    timing = dict(window_s=0.2, tree_s=0.16, redraft_s=0.16, miss_share=0.3, verify_s=0.15)
+    one = verdict_gap(0.06, **timing, pass_s=0.04)
+    assert verdict_gap(0.06, **timing, chains_in_flight=2, pass_s=0.04) > one
+    assert verdict_gap(0.06, **timing, chains_in_flight=2) < one  # unpriced passes: a gain
+
+
 def test_the_cloud_time_per_chain_keeps_short_chains_from_piling_up() -> None:
     """With the cloud's time per chain counted, many short chains in flight gain nothing once
     the cloud is saturated: the model must not trade γ for D past that point."""
@@ -423,9 +442,9 @@ def test_deepspec_tree_auto_feeds_its_forks_and_its_handshake(shared_world: Worl
 
 def test_a_chain_carries_its_dists_where_the_forks_save_more_than_they_take() -> None:
     """deepspec-tree's p̃ with a chain: at 50 kbit/s (its p̃ some 1,200 bits, 24 ms) forks
-    taken at one rejection in eight save less than that over a 230 ms window; at 100 Mbit/s
+    taken at one rejection in four save less than that, each a 80 ms round trip; at 100 Mbit/s
     the same forks pay; with no fork ever taken nothing does."""
-    measured = dict(reject=0.59, fork_share=0.125, window_s=0.23)
+    measured = dict(reject=0.59, fork_share=0.25, saved_s=0.08)
     assert not dists_pay(**measured, extra_s=1_200 / 5e4)
     assert dists_pay(**measured, extra_s=1_200 / 1e8)
     assert not dists_pay(**{**measured, "fork_share": 0.0}, extra_s=0.0)

@@ -419,6 +419,18 @@ def test_deepspec_cycle_time_follows_the_chains_in_flight_analysis(
     assert one_chain > 1.05 * expected if ahead_pays else one_chain < expected
 
 
+@pytest.mark.parametrize(("alpha", "gamma", "ahead_pays"), [(0.8, 2, True), (0.5, 3, False)])
+def test_chains_in_flight_auto_sends_ahead_where_the_analysis_says_it_pays(
+    alpha: float, gamma: int, ahead_pays: bool
+) -> None:
+    """`chains_in_flight="auto"` at the two T_tree = 40 ms points of the analysis above: two
+    chains in flight where they are faster, one where the stale passes make them slower."""
+    _, edge, _ = _iid_run("deepspec", alpha, gamma, 0, tree_ms=40.0, tree_budget=8,
+                          chains_in_flight=2, adaptive_depth=True)  # fmt: skip
+    settled = edge.controller.depth_history[len(edge.controller.depth_history) // 2 :]
+    assert set(settled) == ({2} if ahead_pays else {1})
+
+
 def test_the_budget_follows_the_round_trip_and_stays_under_b_max() -> None:
     budgets = {}
     for rtt in (0.02, 0.08, 2.0):
@@ -467,10 +479,10 @@ def test_deepspec_tree_auto_is_deepspec_where_no_chain_is_sent_ahead() -> None:
 
 
 def test_deepspec_tree_auto_sends_the_dists_where_forks_pay_for_them() -> None:
-    """At RTT 150 ms and 100 Mbit/s forks save a window for next to no bits: after the first
-    chains every chain carries its p̃. At 50 kbit/s a chain's p̃ takes longer on the uplink
-    than the forks it makes possible save, at the share they are taken in there: most chains
-    go without it."""
+    """At RTT 150 ms and 100 Mbit/s forks save a round trip for next to no bits: after the
+    first chains every chain carries its p̃. At 50 kbit/s a chain's p̃ takes longer on the
+    uplink than the forks it makes possible save (a round trip each, not the window: the cloud
+    still verifies a fork), at the share they are taken in there: chains go without it."""
     plain = {}
     for rate, rtt in ((1e8, 0.15), (5e4, 0.05)):
         chains = plain[rate] = 0
@@ -484,4 +496,4 @@ def test_deepspec_tree_auto_sends_the_dists_where_forks_pay_for_them() -> None:
             chains += stats["rounds"] + stats.get("forks_sent", 0) - stats.get("forks_taken", 0)
             assert rate < 1e8 or stats.get("forks_taken", 0) > 0
         plain[rate] /= chains
-    assert plain[1e8] < 0.05 < 0.3 < plain[5e4], plain
+    assert plain[1e8] < 0.05 and plain[5e4] > 0.9, plain

@@ -50,12 +50,13 @@ SWITCH_GAIN = 0.04
 DEPTH_SLACK = 0.01
 
 
-def dists_pay(*, reject: float, fork_share: float, window_s: float, extra_s: float) -> bool:
+def dists_pay(*, reject: float, fork_share: float, saved_s: float, extra_s: float) -> bool:
     """Whether a chain sent alone should carry its p̃ (`deepspec-tree`): only then can the cloud
     go on with one of its forks after a rejection (P = `reject`), which it does in the share
-    `fork_share` of such rejections, each saving about a window; against that, its p̃ keeps
-    the uplink `extra_s` longer."""
-    return reject * fork_share * window_s > extra_s
+    `fork_share` of such rejections, each saving the round trip the branch would take to reach
+    it (`saved_s`: the cloud still verifies the fork); against that, its p̃ keeps the uplink
+    `extra_s` longer."""
+    return reject * fork_share * saved_s > extra_s
 
 
 def tokens_per_chain(alpha: float, gamma: int) -> float:
@@ -208,11 +209,12 @@ def best_setting(
     switch_gain: float = SWITCH_GAIN,
 ) -> tuple[int, int]:
     """The (γ, D) among the candidates with the most modelled tokens per second, or `current`
-    unless that beats it by more than `switch_gain`. Among settings within `DEPTH_SLACK` of the
-    best, the fewest chains in flight win: a chain sent ahead that turns stale costs uplink bits
-    and edge work the model does not count. Only γ whose tree fits in the window are candidates:
-    a tree that overruns it makes the planner shrink the budget, and the hits measured at the
-    old budget would not hold."""
+    unless that beats it by more than `switch_gain` (a change of D alone needs no margin: no
+    tree drafted for the old setting is lost). Among settings within `DEPTH_SLACK` of the best,
+    the fewest chains in flight win: a chain sent ahead that turns stale costs uplink bits the
+    model does not count. Only γ whose tree fits in the window are candidates: a tree that
+    overruns it makes the planner shrink the budget, and the hits measured at the old budget
+    would not hold."""
     room = TREE_ROOM * est.window_s
     fitting = [g for g in gammas if g * est.tree_pass_s <= room] or list(gammas)
     rates = {(g, d): modelled_rate(g, est, d) for g in fitting for d in depths}
@@ -220,6 +222,8 @@ def best_setting(
     best = min((s for s, r in rates.items() if r >= (1 - DEPTH_SLACK) * top),
                key=lambda s: (s[1], -rates[s], s[0]))  # fmt: skip
     if current[0] not in fitting:  # its modelled rate assumes a tree it will not get
+        return best
+    if best[0] == current[0]:
         return best
     now = rates[current] if current in rates else modelled_rate(current[0], est, current[1])
     return best if rates[best] > (1 + switch_gain) * now else current

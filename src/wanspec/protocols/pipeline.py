@@ -225,7 +225,8 @@ class PipelineEdge(SpecEdge):
         # rows start among that pass's
         self.completing: int | None = None
         self.sent_at: float | None = None  # when the chain awaiting its verdict left, if alone
-        self.opened_at: float | None = None  # when the Hello left (the handshake's round trip)
+        self.opened_at: float | None = None  # when the Hello left
+        self.round_trip: float | None = None  # the handshake's (the cloud answers at once)
         self.verdict_at: float | None = None  # when the last verdict came
         # seconds from a verdict to the next, for a chain already with the cloud at the first
         # (sent ahead, or a fork taken): about the cloud's time to verify a chain
@@ -241,8 +242,10 @@ class PipelineEdge(SpecEdge):
 
     def on_hello_ack(self, ack: wire.HelloAck) -> list[Action]:
         actions = super().on_hello_ack(ack)
-        if self.controller is not None and None not in (self.now, self.opened_at):
-            self.controller.observe_round_trip(self.now - self.opened_at)  # type: ignore[operator]
+        if self.now is not None and self.opened_at is not None:
+            self.round_trip = self.now - self.opened_at
+            if self.controller is not None:
+                self.controller.observe_round_trip(self.round_trip)
         return actions
 
     def handle(self, event: Event) -> list[Action]:
@@ -314,9 +317,10 @@ class PipelineEdge(SpecEdge):
         """Whether a chain about to go up leaves its p̃ behind (`chain_dists` 'auto',
         `deepspec-tree`). Its p̃ only lets the cloud go on with one of its forks, so it goes
         where forks taken, at the share of rejections they have been taken in on chains with
-        p̃ (one pseudo-fork in two pseudo-rejections: the first chains try them out), save more
-        time than the p̃ takes on the uplink at its measured rate (`dists_pay`; nothing before
-        the rate is known). A chain sent alone goes without it until a chain was sent ahead: its
+        p̃ (one pseudo-fork in two pseudo-rejections: the first chains try them out), each
+        saving a round trip (the handshake's, else the window), save more time than the p̃
+        takes on the uplink at its measured rate (`dists_pay`; nothing before the rate is
+        known). A chain sent alone goes without it until a chain was sent ahead: its
         forks would go up once its tree is drafted before its verdict, which is when a chain is
         sent ahead too; where that never happens (a short window) the run is `deepspec`'s."""
         if not self.scheme.chooses_dists or self.settings.chain_dists != "auto":
@@ -335,8 +339,8 @@ class PipelineEdge(SpecEdge):
             extra_s = (wire.bits(self.draft_message(rnd)) - plain_bits) / rate
             rnd.plain = plain
         reject = 1.0 - self.planner.alpha ** len(rnd.tokens)
-        return not dists_pay(reject=reject, fork_share=fork_share, window_s=window,
-                             extra_s=extra_s)  # fmt: skip
+        saved = window if self.round_trip is None else min(window, self.round_trip)
+        return not dists_pay(reject=reject, fork_share=fork_share, saved_s=saved, extra_s=extra_s)
 
     def _log_send(self, msg: Any, bits: int | None = None) -> Any:
         """Log a chain given to the link, with its bits (where the edge prices its uplink)."""
