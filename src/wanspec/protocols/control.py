@@ -13,6 +13,10 @@ analysis (docs/METHODS.md), checked against the simulator on the i.i.d. syntheti
   verdict, and its verdict comes W = RTT + T_verify after it left, or T_verify after the one
   before. `verdict_gap` sums that recursion over the geometric length of the run. For D = 1 it
   is AceSpec's max(τ, W) + P_miss·γ·T_draft;
+- a rejection that finds the edge mid-pass (drafting the tree of the chain sent after it, now
+  stale) waits for that pass, half of one on average: a miss redrafts after it, a hit's tree
+  starts after it, so the next run may start late (a two-state chain over the runs' starts).
+  Where little is accepted whole, that makes a chain sent ahead a loss;
 - a rejection whose branch went up as a fork (`deepspec-tree`) is no end of the run: the cloud
   verifies the fork at once, as it would the continuation after a full acceptance, so the run
   goes on with P = α^γ + (1 − α^γ)·P(fork | rejection), and only the other rejections hit or miss.
