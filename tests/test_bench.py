@@ -229,6 +229,27 @@ def test_sweep_skips_finished_cells_and_recomputes_changed_ones(tmp_path: Path) 
         assert len(read_results(tmp_path)) == 6  # 5 cells + the old settings of cell 0
 
 
+def test_a_finished_cell_whose_text_holds_a_unicode_line_break_is_not_run_again(
+    tmp_path: Path,
+) -> None:
+    """Results are written unescaped (ensure_ascii=False): a generated text holding U+0085 or
+    U+2028 must not split its line when read back, or the cell looks unfinished and runs again."""
+    calls: list[str] = []
+
+    def run(cell: Cell) -> dict:
+        calls.append(cell.key)
+        return {"text": "a\x85b\u2028c\x1cd"}
+
+    run_sweep(_cells(2), tmp_path, run, progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        again = run_sweep(_cells(2), tmp_path, run, progress=False)
+    assert len(again.skipped) == 2 and len(calls) == 2
+    assert read_results(tmp_path)[settings_hash(_cells(2)[1].settings)]["result"]["text"] == (
+        "a\x85b\u2028c\x1cd"
+    )
+
+
 def test_experiment_resume_runs_only_the_cells_a_setting_touches(tiny_out: Path) -> None:
     folder = tiny_out / "xcosd-bits"
     before = len((folder / "results.jsonl").read_text().splitlines())
@@ -326,6 +347,10 @@ def test_prompt_sets_load_by_name_or_path_and_fail_clearly(tmp_path: Path) -> No
     record = {"id": "a", "prompt": "1+1?", "reference": "#### 2", "final_answer": "2"}
     (tmp_path / "gsm8k" / "test.jsonl").write_text(json.dumps(record) + "\n")
     named = load_prompts("gsm8k", None, tmp_path)
+    unescaped = {**record, "prompt": "one\u2028two\x85"}  # a line break to splitlines only
+    raw = json.dumps(unescaped, ensure_ascii=False) + "\n"
+    (tmp_path / "raw.jsonl").write_text(raw, encoding="utf-8")
+    assert load_prompts(str(tmp_path / "raw.jsonl")).records[0]["prompt"] == "one\u2028two\x85"
     by_path = load_prompts(str(tmp_path / "gsm8k" / "test.jsonl"))
     assert (named.name, named.task) == (by_path.name, by_path.task) == ("gsm8k", "math")
     assert named.digest == by_path.digest != mini.digest

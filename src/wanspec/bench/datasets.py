@@ -86,7 +86,7 @@ def read_jsonl(path: Path | str, text: str | None = None) -> list[dict[str, Any]
     """Parse a prompt file, checking the three required fields of every line."""
     text = Path(path).read_text(encoding="utf-8") if text is None else text
     records = []
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 is text
         if not line.strip():
             continue
         try:

@@ -82,7 +82,8 @@ def read_results(folder: Path) -> dict[str, dict[str, Any]]:
     lines: dict[str, dict[str, Any]] = {}
     if not path.exists():
         return lines
-    for number, text in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+    # lines end at "\n" only: a cell's text may hold U+0085 or U+2028, which splitlines splits at
+    for number, text in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
         if not text.strip():
             continue
         try:
