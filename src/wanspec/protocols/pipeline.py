@@ -218,6 +218,7 @@ class PipelineEdge(SpecEdge):
         self.next_length = self.settings.gamma if controller is None else controller.start
         self.issued_at: dict[str, float | None] = {}  # when the last job of a kind went out
         self.ahead: list[InFlight] = []  # chains sent before the verdict, oldest first (deepspec)
+        self.went_ahead = False  # a chain was sent ahead after the first verdict
         self.spec: Speculation | None = None  # the tree of the chain awaiting its verdict
         self.most_in_flight = 1
         self.pending_key: tuple[int, int | None] | None = None  # what STALLED goes on with
@@ -320,15 +321,17 @@ class PipelineEdge(SpecEdge):
         p̃ (one pseudo-fork in two pseudo-rejections: the first chains try them out), each
         saving a round trip (the handshake's, else the window), save more time than the p̃
         takes on the uplink at its measured rate (`dists_pay`; nothing before the rate is
-        known). A chain sent alone goes without it until a chain was sent ahead: its
-        forks would go up once its tree is drafted before its verdict, which is when a chain is
-        sent ahead too; where that never happens (a short window) the run is `deepspec`'s."""
+        known). A chain sent alone goes without it until a chain was sent ahead after the
+        first verdict: its forks would go up once its tree is drafted before its verdict, which
+        is when a chain is sent ahead too; where that never happens (a short window) the run is
+        `deepspec`'s. The first window does not count: the cloud's prefill runs in it, so a
+        chain may go ahead then where none will later."""
         if not self.scheme.chooses_dists or self.settings.chain_dists != "auto":
             return False
         assert self.planner is not None and self.uplink is not None  # every such edge has them
         counts = self.counters
         window, rate = self.planner.window.value, self.uplink.rate_bps()
-        if window is None or (alone and not counts.get("chains_sent_ahead", 0)):
+        if window is None or (alone and not self.went_ahead):
             return True
         fork_share = (counts.get("forks_taken", 0) + 1) / (counts.get("dists_rejections", 0) + 2)
         extra_s = 0.0
@@ -498,6 +501,7 @@ class PipelineEdge(SpecEdge):
         self.ahead.append(InFlight(rnd, spec, alternatives))
         self.most_in_flight = max(self.most_in_flight, 1 + len(self.ahead))
         self.count("chains_sent_ahead")
+        self.went_ahead = self.went_ahead or bool(self.accepted_per_round)
         msg = self.draft_message(rnd)
         self._log_send(msg)
         return [Send(msg), self._tree_pass(spec)] if first_pass else [Send(msg)]
