@@ -397,7 +397,7 @@ def test_deepspec_cycle_time_follows_the_chains_in_flight_analysis(
     a miss redrafts after it, a hit's tree starts after it (T_tree = 40 ms). Measured as
     the gaps between verdicts at the edge, with the measured share of full acceptances and
     misses. One chain in flight (AceSpec's max(τ, W) + misses) is 9–80% slower at these
-    points, but at α = 0.5, where the stale passes make two chains slower than one."""
+    points except at α = 0.5, where the stale passes make two chains slower than one."""
     gaps, full, misses, verdicts = [], 0, 0, 0
     for seed in range(3):
         sim, edge, _ = _iid_run("deepspec", alpha, gamma, seed, tree_ms=tree_ms, tree_budget=8,
@@ -480,7 +480,9 @@ def test_deepspec_tree_auto_is_deepspec_where_no_chain_is_sent_ahead(
         stats = runs["deepspec-tree"].stats
         assert runs["deepspec-tree"].token_ids == runs["deepspec"].token_ids
         assert stats.get("chains_sent_ahead", 0) == (1 if words else 0)
-        assert stats["chains_plain"] >= stats["rounds"] and stats["plain_rejections"] > 0
+        # every chain verified went plain, and so did the one sent ahead that went stale
+        plain = stats["rounds"] + stats.get("stale_chains_ahead", 0)
+        assert stats["chains_plain"] == plain and stats["plain_rejections"] > 0
         assert "dists_rejections" not in stats
 
 
