@@ -9,6 +9,7 @@ lossless method (these included) live in test_protocols.py.
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from wanspec.models.jobs import session_executor
 from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
 from wanspec.models.tiny import build_tokenizer
 from wanspec.protocols.control import verdict_gap
+from wanspec.protocols.pipeline import FORKS_UNMEASURED
 from wanspec.protocols.registry import make_cloud, make_edge, target_info
 from wanspec.protocols.settings import GenerationSettings
 from wanspec.sim import Link, load_profile, simulate
@@ -505,3 +507,29 @@ def test_deepspec_tree_auto_sends_the_dists_where_forks_pay_for_them() -> None:
             assert rate < 1e8 or stats.get("forks_taken", 0) > 0
         plain[rate] /= chains
     assert plain[1e8] < 0.05 and plain[5e4] > 0.9, plain
+
+
+def test_a_fork_taken_with_its_tree_drafted_sends_its_forks_as_the_uplink_allows(
+    shared_world: World,
+) -> None:
+    """The next chain's passes draft the likeliest forks' trees along; a fork taken whose tree
+    is drafted sends its own alternatives as forks, as many as the measured uplink carries in
+    time (all of them, on a fast link). A tree drafted along must keep its start time, or its
+    room reads as unmeasured and only `FORKS_UNMEASURED` go up: its other rejections would
+    cost a window."""
+    edge_profile, cloud_profile = load_profile("edge-orin"), load_profile("cloud-a100x4-70b")
+    per_fork, taken = [], 0
+    for seed in range(2):
+        sim, edge, _ = shared_world.run(
+            "deepspec-tree", link=Link(1e8, 0.15), profile=edge_profile,
+            cloud_profile=cloud_profile, trace=True, gamma=4, seed=seed, max_new_tokens=64,
+            temperature=1.0,
+        )  # fmt: skip
+        sent = [r.info["msg"] for r in sim.trace if r.side == "edge" and r.what == "send"]
+        forks = [m for m in sent if isinstance(m, wire.DraftWithDists) and m.fork is not None]
+        fork_rounds = {m.round for m in forks}
+        per_fork += Counter(m.fork[0] for m in forks if m.fork[0] in fork_rounds).values()
+        taken += edge.counters.get("fork_trees_taken", 0)
+    assert taken >= 4 and len(per_fork) >= 4
+    # what goes up naming a fork: its alternatives and its continuation
+    assert np.median(per_fork) > FORKS_UNMEASURED + 1

@@ -388,10 +388,10 @@ class PipelineEdge(SpecEdge):
         """One pass extending every branch of the tree by a token, and those of the forks'
         trees drafted along with it (`co`)."""
         tokens, parents = [], []
-        if spec.passes_done == 0:
-            spec.started_at = self.now
         spec.pass_layout = []
         for tree in (spec, *spec.co):
+            if tree.passes_done == 0:  # a fork's tree too: its forks' room counts from it
+                tree.started_at = self.now
             tree.pass_branches = [b for b in tree.branches if len(b.nodes) < tree.passes_planned]
             spec.pass_layout.append((tree, tree.pass_branches))
             for branch in tree.pass_branches:
