@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
@@ -82,13 +83,19 @@ def default_data_dir() -> Path:
     return repo.parent / "shared" / "data"
 
 
+def jsonl_lines(text: str) -> Iterator[tuple[int, str]]:
+    """The non-blank lines of a JSONL text, numbered from 1. Lines end at "\n" only: a JSON
+    string written unescaped may hold U+0085 or U+2028, which `str.splitlines` splits at."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.strip():
+            yield number, line
+
+
 def read_jsonl(path: Path | str, text: str | None = None) -> list[dict[str, Any]]:
     """Parse a prompt file, checking the three required fields of every line."""
     text = Path(path).read_text(encoding="utf-8") if text is None else text
     records = []
-    for number, line in enumerate(text.split("\n"), 1):  # not splitlines: U+2028 is text
-        if not line.strip():
-            continue
+    for number, line in jsonl_lines(text):
         try:
             record = json.loads(line)
         except json.JSONDecodeError as err:

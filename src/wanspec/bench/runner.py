@@ -29,6 +29,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from wanspec.bench.datasets import jsonl_lines
+
 RESULTS = "results.jsonl"
 # what a cell's settings may vary while its model jobs stay the same: timing only
 TIMING_SETTINGS = ("link", "edge_profile", "cloud_profile")
@@ -82,10 +84,7 @@ def read_results(folder: Path) -> dict[str, dict[str, Any]]:
     lines: dict[str, dict[str, Any]] = {}
     if not path.exists():
         return lines
-    # lines end at "\n" only: a cell's text may hold U+0085 or U+2028, which splitlines splits at
-    for number, text in enumerate(path.read_text(encoding="utf-8").split("\n"), 1):
-        if not text.strip():
-            continue
+    for number, text in jsonl_lines(path.read_text(encoding="utf-8")):
         try:
             line = json.loads(text)
         except json.JSONDecodeError:  # cut short by a kill mid-write: that cell runs again
