@@ -49,22 +49,25 @@ def test_a_verdict_arriving_mid_tree_does_not_shift_the_draft_streams(
     """A slow edge gets the verdict while its tree is still being drafted (a pipeline stall);
     the branch it then waits for must draw from the streams of the positions it was drafted
     for, not of positions counted after the verdict's commit: same tokens as a fast edge."""
-    settings = dict(seed=3, max_new_tokens=24, temperature=1.2, gamma=3)
-    fast, _, _ = shared_world.run(method, **settings)
     slow_edge = load_profile({"name": "slow-edge", "forward_ms": {"1": 1.0, "64": 2.0},
                               "tree_ms": {"1": 40.0, "64": 40.0}})  # fmt: skip
-    edge, cloud = shared_world.machines(method, **settings)
-    slow = simulate(
-        edge,
-        cloud,
-        Link(bandwidth_bps=1e8, rtt_s=0.002),
-        slow_edge,
-        FLAT_PROFILE,
-        edge_executor=session_executor(shared_world.draft),
-        cloud_executor=session_executor(shared_world.target),
-    )
-    assert edge.counters.get("pipeline_stalls", 0) >= 2  # verdicts did arrive mid-tree
-    assert slow.tokens == fast.tokens
+    stalls = 0
+    for seed in (3, 4):
+        settings = dict(seed=seed, max_new_tokens=24, temperature=1.2, gamma=3)
+        fast, _, _ = shared_world.run(method, **settings)
+        edge, cloud = shared_world.machines(method, **settings)
+        slow = simulate(
+            edge,
+            cloud,
+            Link(bandwidth_bps=1e8, rtt_s=0.002),
+            slow_edge,
+            FLAT_PROFILE,
+            edge_executor=session_executor(shared_world.draft),
+            cloud_executor=session_executor(shared_world.target),
+        )
+        stalls += edge.counters.get("pipeline_stalls", 0)
+        assert slow.tokens == fast.tokens
+    assert stalls >= 2  # verdicts did arrive mid-tree
 
 
 @pytest.mark.parametrize(
@@ -88,6 +91,32 @@ def test_deepspec_gives_acespecs_tokens_with_chains_sent_ahead(
         assert deep.tokens == ace.tokens
         tally.add(edge, cloud)
     tally.check(chains)
+
+
+@pytest.mark.parametrize("chain_dists", ["always", "auto"])
+def test_deepspec_tree_gives_acespecs_tokens_whichever_side_draws_the_residual(
+    shared_world: World, chain_dists: str
+) -> None:
+    """acespec's edge draws a rejection's residual from the q̂ it receives; deepspec-tree's cloud
+    draws it from q where the chain carried its p̃ (every chain with "always"; with "auto" on this
+    slow uplink, some chains and not others). Both draw from the position's own stream, so a
+    seed gives the same tokens, forks taken and plain chains included, and a paired comparison
+    of the two methods compares their time alone."""
+    link = Link(bandwidth_bps=5e4, rtt_s=0.1)
+    plain = with_dists = taken = 0
+    for seed in range(3):
+        settings = dict(seed=seed, max_new_tokens=48, temperature=1.2, gamma=3, q_bits=16)
+        ace, _, ace_cloud = shared_world.run("acespec", link=link, **settings)
+        tree, edge, _ = shared_world.run(
+            "deepspec-tree", link=link, chain_dists=chain_dists, **settings
+        )
+        assert ace_cloud.counters["rejections"] >= 3
+        assert tree.tokens == ace.tokens
+        plain += edge.counters.get("plain_rejections", 0)
+        with_dists += edge.counters.get("dists_rejections", 0)
+        taken += edge.counters.get("forks_taken", 0)
+    assert with_dists > 0 and taken > 0  # the cloud drew residuals, and forks went on from them
+    assert (plain > 0) == (chain_dists == "auto")  # auto: the edge drew some too
 
 
 def test_deepspec_tree_tokens_do_not_depend_on_the_link_the_depth_or_the_tree(

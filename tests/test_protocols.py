@@ -138,6 +138,21 @@ def test_identical_seeds_give_identical_runs(hetero_world: World) -> None:
     assert a.tokens != c.tokens
 
 
+@pytest.mark.parametrize(("edge_draws", "cloud_draws"), [("cosd", "ul"), ("cosd", "sd")])
+def test_a_seed_gives_the_same_tokens_whichever_side_draws_the_residual(
+    shared_world: World, edge_draws: str, cloud_draws: str
+) -> None:
+    """Coins and residual draws are keyed by output position: cosd draws a rejection's residual
+    on the edge from the q̂ it receives, ul and sd on the cloud from q, yet a seed gives both the
+    same tokens (16-bit q̂ moves a draw only where u falls within its rounding of a boundary)."""
+    for seed in range(3):
+        settings = dict(seed=seed, max_new_tokens=32, temperature=1.2, gamma=3, q_bits=16)
+        edge_run, _, cloud = shared_world.run(edge_draws, **settings)
+        cloud_run, _, _ = shared_world.run(cloud_draws, **settings)
+        assert cloud.counters["rejections"] >= 3  # residuals were drawn
+        assert cloud_run.tokens == edge_run.tokens
+
+
 class JitteredProfile:
     """Scales every computation's price by U(0.3, 3): same work, random timing."""
 

@@ -3,7 +3,7 @@
 The law tests of tests/test_protocols.py sample hundreds of runs and bound the TV distance,
 which sees a gross error but not a residual normalised over the wrong set or a coin with the
 wrong odds, and takes minutes. Here one `ScriptedRng` (tests/exact_rng.py) stands in for every
-random stream of a run (the edge's, the cloud's, the pipelines' keyed draft streams), and the
+random stream of a run (the edge's, the cloud's, the streams keyed by output position), and the
 run is repeated for every outcome of every draw: the first token's law comes out as exact
 fractions of the floats the machines used, in well under a second per method.
 
@@ -109,7 +109,8 @@ def scripted(monkeypatch: pytest.MonkeyPatch) -> Callable[..., dict]:
     holder: dict[str, object] = {"rng": np.random.default_rng(0)}  # for `_first_position`
     for module in (speculative, stream):
         monkeypatch.setattr(module, "request_rng", lambda seed, side: holder["rng"])
-    monkeypatch.setattr(pipeline, "draft_rng", lambda seed, position: holder["rng"])
+    for module in (speculative, pipeline):
+        monkeypatch.setattr(module, "position_rng", lambda seed, draw, position: holder["rng"])
     monkeypatch.setattr(proposal, "sample", _pick_counts)  # every drafted token's draw
 
     def law(world: World, method: str, **settings: object) -> dict:

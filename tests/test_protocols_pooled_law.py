@@ -11,9 +11,11 @@ runs, are i.i.d. q too. Two χ² tests per setting: the tokens' frequencies (the
 and the frequencies of disjoint pairs (2t, 2t + 1) (a token's dependence on the one before). The
 pairs are skewed where exactness breaks: the draft puts mass outside q's support and its residual
 max(q − p̃, 0) is not proportional to q, so a proposal drawn with a reused uniform, a residual over
-the wrong set or a coin with the wrong odds moves the frequencies. Each setting also checks that
-the paths it is there for really occurred (rejections at every offset, full acceptances, hits
-from the alternatives, redrafts, SR-DV fallbacks, both HR regions).
+the wrong set or a coin with the wrong odds moves the frequencies. A third pair over-proposes a
+token q holds, so that a coin is drawn at its rejections: a residual drawn with that coin's
+uniform (coins and residuals are keyed by output position) shows there. Each setting also checks
+that the paths it is there for really occurred (rejections at every offset, full acceptances,
+hits from the alternatives, redrafts, SR-DV fallbacks, both HR regions).
 
 Power, measured against the pipelines' old stream keying (the continuation after a full chain
 drawn one position too far, so a rejection's next proposal reused the rejected token's uniform):
@@ -46,6 +48,12 @@ TOKENS = 50  # positions per run
 A, B, C, D, E = 65, 66, 67, 68, 69  # 'a' … 'e' in both tiny byte-level vocabularies
 SHARED_Q = {A: 3 / 6, B: 2 / 6, C: 1 / 6}
 SHARED_P = {A: 0.45, B: 0.1, C: 0.15, D: 0.15, E: 0.15}
+
+# The same q with a draft that over-proposes a (0.8 against 0.5) and puts 0.1 on d, outside q's
+# support: a's rejections are decided by a drawn coin (odds 5/8), and their residual
+# (0, 0.283, 0.117 on a, b, c) is drawn right after, at the same position. A residual drawn with
+# the rejecting coin's uniform (u ≥ 5/8) lands on c two times in three, not 0.29.
+OVERPROPOSED_P = {A: 0.8, B: 0.05, C: 0.05, D: 0.1}
 
 # Different vocabularies: q = 3:2:1 on 'a', 'b' (in C) and 'ĠĠ' (LLM-only: the draft vocabulary
 # spells it otherwise); the draft 0.4 / 0.2 on 'a', 'b', 0.15 on 'c' and 'd' (in C, outside q's
@@ -88,9 +96,25 @@ def _hetero_world() -> World:
     )
 
 
+def _overproposed_world() -> World:
+    world = World(shared=True)
+    width = world.alignment.target_width
+    return world.with_models(
+        FixedLaw(0.0, width, law=tuple(SHARED_Q.items())),
+        FixedLaw(0.0, width, law=tuple(OVERPROPOSED_P.items())),
+    )
+
+
 @pytest.fixture(scope="module")
 def worlds() -> dict[str, World]:
-    return {"shared": _shared_world(), "hetero": _hetero_world()}
+    return {
+        "shared": _shared_world(),
+        "hetero": _hetero_world(),
+        "overproposed": _overproposed_world(),
+    }
+
+
+Q_OF = {"shared": SHARED_Q, "hetero": HETERO_Q, "overproposed": SHARED_Q}
 
 
 def _chi2_p(observed: np.ndarray, expected: np.ndarray) -> float:
@@ -159,6 +183,13 @@ SETTINGS = [
     ("shared", "acespec", 60, {"gamma": 2, "tree_budget": 2}, ALL_TREE),
     ("shared", "acespec", 60, {"gamma": 2, "tree_budget": 2, **RESHAPE}, ALL_TREE),
     ("shared", "sd", 50, {"gamma": 2, **RESHAPE}, ()),
+    # a coin drawn at the rejections, then the residual at the same position (on the edge for
+    # cosd and acespec, on the cloud for ul, sd and deepspec-tree)
+    ("overproposed", "cosd", 30, {"gamma": 2}, ()),
+    ("overproposed", "ul", 30, {"gamma": 2}, ()),
+    ("overproposed", "sd", 30, {"gamma": 2}, ()),
+    ("overproposed", "acespec", 30, {"gamma": 2, "tree_budget": 2}, ("redraft",)),
+    ("overproposed", "deepspec-tree", 30, {"gamma": 2, "tree_budget": 4}, FORKS),
     ("shared", "deepspec", 80, {"gamma": 1, "tree_budget": 2, "tree_fixed": True}, AHEAD),
     ("shared", "deepspec", 60, {"gamma": 2, "tree_budget": 4}, AHEAD),
     ("shared", "deepspec", 60, {"gamma": 1, "tree_budget": 3, "chains_in_flight": 4}, AHEAD),
@@ -258,8 +289,7 @@ def _check_paths(method: str, settings: dict, paths: Counter, wanted: tuple[str,
 def test_pooled_tokens_are_iid_q_on_skewed_pairs(worlds: dict[str, World], setting: tuple) -> None:
     world_name, method, seeds, settings, wanted = setting
     runs, paths = pooled_runs(worlds[world_name], method, seeds, **settings)
-    q = SHARED_Q if world_name == "shared" else HETERO_Q
-    p_single, p_pairs = pooled_p_values(runs, q)
+    p_single, p_pairs = pooled_p_values(runs, Q_OF[world_name])
     assert p_single > ALPHA and p_pairs > ALPHA, (p_single, p_pairs)
     _check_paths(method, settings, paths, wanted)
 

@@ -74,7 +74,7 @@ PHASES: dict[str, list[str]] = {
         "wanspec.sampling.resample:truncated_residual_sample",
         "wanspec.sampling.resample:uhlm_uncertainty",
         "wanspec.sampling.verify:verify_chain",
-        "wanspec.protocols.pipeline:draft_rng",
+        "wanspec.protocols.base:position_rng",
         "wanspec.sampling.proposal:DraftRow.draw",
     ],
     "codec": [

@@ -85,6 +85,22 @@ def request_rng(seed: int, side: Side) -> np.random.Generator:
     return np.random.default_rng([seed, 0 if side == "edge" else 1])
 
 
+class Draw(enum.IntEnum):
+    """The draws that have a stream of their own at each output position (SPEC's Randomness
+    clause): keyed by position, they do not depend on how chains are cut, on the timing, or on
+    which side draws, so every method built on them gives a seed the same tokens wherever its
+    law is the same."""
+
+    DRAFT = 2  # the pipelines' proposal there
+    COIN = 3  # the cloud's acceptance coin for the token drafted there
+    RESIDUAL = 4  # the exact residual at a rejected position, drawn by one side only
+
+
+def position_rng(seed: int, draw: Draw, position: int) -> np.random.Generator:
+    """The stream of one kind of draw at one output position (independent of every other)."""
+    return np.random.default_rng([seed, int(draw), position])
+
+
 # ----------------------------------------------------------------------------- events
 @dataclass(frozen=True)
 class Start:

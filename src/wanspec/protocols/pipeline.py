@@ -59,10 +59,12 @@ from wanspec.jobs import KeepTreePath, LogitRows, TreeForward
 from wanspec.protocols.base import (
     Action,
     Compute,
+    Draw,
     Event,
     ProtocolError,
     Purpose,
     Send,
+    position_rng,
 )
 from wanspec.protocols.budget import BranchPlanner, Ewma, ranked_capture
 from wanspec.protocols.control import ChainController, dists_pay
@@ -75,11 +77,6 @@ FORKS_UNMEASURED = 2  # forks a tree sends before the uplink's rate is measured
 # a pass may draft forks' trees along with its own only while they add at most this share to
 # its cost (where the edge's pass cost is known)
 FORK_TREE_SLACK = 0.15
-
-
-def draft_rng(seed: int, position: int) -> np.random.Generator:
-    """The edge's draft stream for one output position (independent of every other stream)."""
-    return np.random.default_rng([seed, 2, position])
 
 
 @dataclass
@@ -296,7 +293,9 @@ class PipelineEdge(SpecEdge):
         return row
 
     def _append_keyed(self, chain: Round | Branch, row: DraftRow, position: int) -> None:
-        self._append_draft(chain, row.draw(draft_rng(self.settings.seed, position)), row)
+        self._append_draft(
+            chain, row.draw(position_rng(self.settings.seed, Draw.DRAFT, position)), row
+        )
         chain.keys.append(position)
 
     @property

@@ -188,7 +188,7 @@ class ResidualDownlink(ShipsTarget):
     def edge_on_reject(self, edge: SpecEdge, rnd: Round, msg: Any) -> Decision:
         n = msg.accepted
         target = dist_probs(reply_dist(msg, edge.alignment.target_width))
-        token = sample_residual(target, edge.draft_probs(rnd, n), edge.rng)
+        token = sample_residual(target, edge.draft_probs(rnd, n), edge.residual_rng(n))
         return Resolved(n, token, decided_by_edge=True)
 
 
@@ -200,7 +200,7 @@ class UplinkDists(Scheme):
 
     def cloud_reply(self, cloud: SpecCloud, rej: Rejection) -> wire.Message:
         assert rej.draft is not None
-        token = sample_residual(rej.target, rej.draft, cloud.rng)
+        token = sample_residual(rej.target, rej.draft, cloud.residual_rng())
         return wire.VerifyResult(rej.index, rej.position, token=token)
 
 
@@ -241,7 +241,7 @@ class AskForDraftDist(Scheme):
         return super().edge_on_reject(edge, rnd, msg)
 
     def cloud_on_request(self, cloud: SpecCloud, rej: Rejection, msg: Any) -> wire.Message:
-        token = resample_with_draft(rej, msg, cloud.rng)
+        token = resample_with_draft(rej, msg, cloud.residual_rng())
         return wire.VerifyResult(rej.index, rej.position, token=token)
 
 
@@ -347,7 +347,7 @@ class ServerResampleDeviceVerify(Scheme):
             self._check_request(cloud, rej, msg)
             candidates, pieces = self._candidates(cloud, rej, msg.k)
             return wire.Candidates(rej.index, candidates, pieces)
-        token = resample_with_draft(rej, msg, cloud.rng)
+        token = resample_with_draft(rej, msg, cloud.residual_rng())
         return wire.VerifyResult(rej.index, rej.position, token=token)
 
     @staticmethod

@@ -25,6 +25,7 @@ from wanspec.jobs import LogitRows
 from wanspec.protocols.base import (
     Action,
     ComputeDone,
+    Draw,
     ErrorCode,
     Event,
     Machine,
@@ -33,6 +34,7 @@ from wanspec.protocols.base import (
     Purpose,
     Send,
     Start,
+    position_rng,
     request_rng,
 )
 from wanspec.protocols.cache import CacheMirror
@@ -326,6 +328,11 @@ class SpecEdge(EdgeMachine):
             rnd.srdv,
             rnd.ahead,
         )
+
+    def residual_rng(self, accepted: int) -> np.random.Generator:
+        """The residual's stream at a rejected position, `accepted` tokens into the round
+        awaiting its verdict (whose first token is the next output position)."""
+        return position_rng(self.settings.seed, Draw.RESIDUAL, self.generated + accepted)
 
     @staticmethod
     def draft_probs(rnd: Round, position: int) -> np.ndarray:
@@ -656,7 +663,9 @@ class SpecCloud(Machine):
             len(tokens), lambda i: scheme.decision_probs(self, targets[i], rounded[i])
         )
         probs, unverified, dists = self._draft_side(msg, tokens)
-        accepted = verify_chain(tokens, probs, decide, self.rng, unverified=unverified)
+        start, seed = len(self.output), self.settings.seed
+        coins = LazyRows(len(tokens), lambda i: position_rng(seed, Draw.COIN, start + i))
+        accepted = verify_chain(tokens, probs, decide, coins, unverified=unverified)
         self.output.extend(tokens[:accepted])
         self._add_tv([rounded[i] for i in range(min(accepted + 1, len(tokens)))])
         self.count("rounds")
@@ -680,6 +689,11 @@ class SpecCloud(Machine):
             )
             actions = self._answer(self.rejection, scheme.cloud_reply(self, self.rejection))
         return [*actions, *self._next_draft()]
+
+    def residual_rng(self) -> np.random.Generator:
+        """The residual's stream at the rejected position: the next output position, its token
+        not yet in the output."""
+        return position_rng(self.settings.seed, Draw.RESIDUAL, len(self.output))
 
     def _plain(self, msg: Draft) -> bool:
         """Whether a draft went up without its p̃ where the method lets the edge choose."""

@@ -27,7 +27,7 @@ def verify_chain(
     tokens: Sequence[int],
     draft_probs: Sequence[float],
     target_dists: Sequence[np.ndarray],
-    rng: Rng,
+    rng: Rng | Sequence[Rng],
     *,
     unverified: Sequence[bool] | None = None,
 ) -> int:
@@ -36,12 +36,15 @@ def verify_chain(
     `target_dists[i]` is q_i, the target distribution at the position of tokens[i] (there may be
     one more, for the bonus), `draft_probs[i]` = p_i(x_i), both probabilities (or both weights
     on one scale). `unverified[i]` marks tokens accepted without a test (U-HLM's lossy skip).
+    `rng` is one stream for every coin, or token i's own stream at `rng[i]` (streams keyed by
+    output position, so a coin does not depend on where the chain began).
     """
     if len(draft_probs) != len(tokens) or len(target_dists) < len(tokens):
         raise ValueError("tokens, draft_probs and target_dists do not line up")
     for i, (token, draft_prob) in enumerate(zip(tokens, draft_probs, strict=True)):
         if unverified is not None and unverified[i]:
             continue
-        if not accept_token(target_dists[i][token], draft_prob, rng):
+        coin_rng = rng[i] if isinstance(rng, Sequence) else rng
+        if not accept_token(target_dists[i][token], draft_prob, coin_rng):
             return i
     return len(tokens)
