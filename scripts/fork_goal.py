@@ -2,11 +2,12 @@
 deepspec-tree both as it runs and with every chain carrying its p̃ (`tree always`).
 
 `wanspec bench link-sweep --config moderate` judges the goal on 4 prompts × 64 tokens, where
-deepspec-tree's tokens differ from acespec's (the cloud draws its residuals), so its intervals
-are wide and each run's start (the uplink not yet measured, the pipeline filling) weighs much.
-This runs the same simulator, profiles and synthetic pair on more seeds and tokens and prints
-each method's tokens/s and its ratio to acespec with a 95 % bootstrap interval over the seeds
-(paired: one seed is one synthetic pair and one prompt for every method).
+each run's start (the uplink not yet measured, the pipeline filling) weighs much. This runs the
+same simulator, profiles and synthetic pair on more seeds and tokens and prints each method's
+tokens/s and its ratio to acespec with a 95 % bootstrap interval over the seeds (paired: one
+seed is one synthetic pair and one prompt for every method, and every method draws a seed's
+coins and residuals from the same streams, so they give it the same tokens and a ratio
+compares time alone).
 
     WANSPEC_THREADS=1 .venv/bin/python scripts/fork_goal.py --seeds 12 --tokens 256 [--budget 32]
 
