@@ -52,7 +52,7 @@ SHARED_P = {A: 0.45, B: 0.1, C: 0.15, D: 0.15, E: 0.15}
 # The same q with a draft that over-proposes a (0.8 against 0.5) and puts 0.1 on d, outside q's
 # support: a's rejections are decided by a drawn coin (odds 5/8), and their residual
 # (0, 0.283, 0.117 on a, b, c) is drawn right after, at the same position. A residual drawn with
-# the rejecting coin's uniform (u ≥ 5/8) lands on c two times in three, not 0.29.
+# the rejecting coin's uniform (u ≥ 5/8) lands on c seven times in nine, not 0.29.
 OVERPROPOSED_P = {A: 0.8, B: 0.05, C: 0.05, D: 0.1}
 
 # Different vocabularies: q = 3:2:1 on 'a', 'b' (in C) and 'ĠĠ' (LLM-only: the draft vocabulary
@@ -73,12 +73,13 @@ TESTBED = {"profile": load_profile("edge-orin"), "cloud_profile": load_profile("
 RESHAPE = {"draft_reshape": 0.3, "draft_reshape_top": 1}
 
 
-def _shared_world() -> World:
+def _shared_world(draft_law: dict[int, float]) -> World:
+    """One vocabulary: the target's law SHARED_Q, the draft's `draft_law`."""
     world = World(shared=True)
     width = world.alignment.target_width
     return world.with_models(
         FixedLaw(0.0, width, law=tuple(SHARED_Q.items())),
-        FixedLaw(0.0, width, law=tuple(SHARED_P.items())),
+        FixedLaw(0.0, width, law=tuple(draft_law.items())),
     )
 
 
@@ -96,21 +97,12 @@ def _hetero_world() -> World:
     )
 
 
-def _overproposed_world() -> World:
-    world = World(shared=True)
-    width = world.alignment.target_width
-    return world.with_models(
-        FixedLaw(0.0, width, law=tuple(SHARED_Q.items())),
-        FixedLaw(0.0, width, law=tuple(OVERPROPOSED_P.items())),
-    )
-
-
 @pytest.fixture(scope="module")
 def worlds() -> dict[str, World]:
     return {
-        "shared": _shared_world(),
+        "shared": _shared_world(SHARED_P),
         "hetero": _hetero_world(),
-        "overproposed": _overproposed_world(),
+        "overproposed": _shared_world(OVERPROPOSED_P),
     }
 
 
