@@ -55,15 +55,9 @@ def test_a_verdict_arriving_mid_tree_does_not_shift_the_draft_streams(
     for seed in (3, 4):
         settings = dict(seed=seed, max_new_tokens=24, temperature=1.2, gamma=3)
         fast, _, _ = shared_world.run(method, **settings)
-        edge, cloud = shared_world.machines(method, **settings)
-        slow = simulate(
-            edge,
-            cloud,
-            Link(bandwidth_bps=1e8, rtt_s=0.002),
-            slow_edge,
-            FLAT_PROFILE,
-            edge_executor=session_executor(shared_world.draft),
-            cloud_executor=session_executor(shared_world.target),
+        link = Link(bandwidth_bps=1e8, rtt_s=0.002)
+        slow, edge, _ = shared_world.run(
+            method, link=link, profile=slow_edge, cloud_profile=FLAT_PROFILE, **settings
         )
         stalls += edge.counters.get("pipeline_stalls", 0)
         assert slow.tokens == fast.tokens
