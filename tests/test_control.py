@@ -25,6 +25,7 @@ from wanspec.protocols.control import (
     best_setting,
     chain_seconds,
     dists_pay,
+    holds_pass,
     modelled_rate,
     tokens_per_chain,
     verdict_gap,
@@ -167,14 +168,31 @@ def test_chains_in_flight_drop_without_the_margin_a_new_gamma_needs() -> None:
     assert best_setting((4, 2), [4], [1, 2], est) == (4, 1)
 
 
-def test_a_stale_pass_can_make_a_chain_sent_ahead_a_loss() -> None:
+def test_a_stale_pass_the_edge_cannot_hold_makes_a_chain_sent_ahead_a_loss() -> None:
     """The tree of a chain sent ahead is mid-pass at its predecessor's verdict: a rejection
     waits for that pass (a miss redrafts after it, a hit's tree starts after it). At a low α
-    that costs more than the chains accepted whole save, and the model must say so."""
+    that costs more than the chains accepted whole save where the edge runs every pass
+    (`live` = 1: it never holds one), and the model must say so; holding the passes the verdict
+    would interrupt leaves the chain sent ahead no loss."""
     timing = dict(window_s=0.2, tree_s=0.16, redraft_s=0.16, miss_share=0.3, verify_s=0.15)
     one = verdict_gap(0.06, **timing, pass_s=0.04)
-    assert verdict_gap(0.06, **timing, chains_in_flight=2, pass_s=0.04) > one
+    assert verdict_gap(0.06, **timing, chains_in_flight=2, pass_s=0.04, live=1.0) > one
+    assert verdict_gap(0.06, **timing, chains_in_flight=2, pass_s=0.04) <= one
     assert verdict_gap(0.06, **timing, chains_in_flight=2) < one  # unpriced passes: a gain
+
+
+@pytest.mark.parametrize(
+    ("idle_s", "full", "holds"),
+    [(0.005, 0.2, True), (0.031, 0.2, True), (0.033, 0.2, False), (0.01, 0.9, False),
+     (0.04, 0.0, False), (0.05, 0.0, False), (-0.001, 0.0, False), (0.0, 0.2, False)],
+)  # fmt: skip
+def test_a_pass_waits_for_the_verdict_only_where_it_would_cost_a_rejection_more(
+    idle_s: float, full: float, holds: bool
+) -> None:
+    """A 40 ms pass, the verdict due in `idle_s`: held exactly while idle < (1 − full)·pass
+    (what a rejection would wait, weighted by its odds, exceeds what a full acceptance loses),
+    and never for a verdict due after the pass would end or already overdue."""
+    assert holds_pass(idle_s=idle_s, pass_s=0.04, full=full) is holds
 
 
 def test_the_cloud_time_per_chain_keeps_short_chains_from_piling_up() -> None:

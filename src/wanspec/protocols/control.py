@@ -13,10 +13,13 @@ analysis (docs/METHODS.md), checked against the simulator on the i.i.d. syntheti
   verdict, and its verdict comes W = RTT + T_verify after it left, or T_verify after the one
   before. `verdict_gap` sums that recursion over the geometric length of the run. For D = 1 it
   is AceSpec's max(τ, W) + P_miss·γ·T_draft;
-- a rejection that finds the edge mid-pass (drafting the tree of the chain sent after it, now
-  stale) waits for that pass, half of one on average: a miss redrafts after it, a hit's tree
-  starts after it, so the next run may start late (a two-state chain over the runs' starts).
-  Where little is accepted whole, that makes a chain sent ahead a loss;
+- a rejection that finds the edge mid-pass waits for that pass: a miss redrafts after it, a
+  hit's tree starts after it, so the next run may start late (a two-state chain over the runs'
+  starts). In its own tree that is half a pass on average. In the tree of the chain sent after
+  it (now stale) the edge holds a pass the verdict would interrupt where that pays
+  (`holds_pass`): for a verdict uniform within the pass, a share 1 − a of them (a = P(that
+  chain stays live)) find the edge idle, the rest wait a²·T_pass/2 on average, and a full
+  acceptance finds that tree (1 − a)²·T_pass/2 late on average;
 - a rejection whose branch went up as a fork (`deepspec-tree`) is no end of the run: the cloud
   verifies the fork at once, as it would the continuation after a full acceptance, so the run
   goes on with P = α^γ + (1 − α^γ)·P(fork | rejection), and only the other rejections hit or miss.
@@ -63,6 +66,14 @@ def dists_pay(*, reject: float, fork_share: float, saved_s: float, extra_s: floa
     return reject * fork_share * saved_s > extra_s
 
 
+def holds_pass(*, idle_s: float, pass_s: float, full: float) -> bool:
+    """Whether the edge should leave the next pass of a chain-sent-ahead's tree until the verdict
+    due in `idle_s`. Run now, the pass would still run `pass_s − idle_s` past the verdict, which
+    a rejection (P = 1 − `full`: the chain sent ahead turns stale) waits for; held, that tree
+    starts `idle_s` later, which costs only when the chain is accepted whole (P = `full`)."""
+    return 0 < idle_s < pass_s and (1 - full) * (pass_s - idle_s) > full * idle_s
+
+
 def tokens_per_chain(alpha: float, gamma: int) -> float:
     """E[L]: tokens a chain of γ commits (accepted ones, plus the resolved one at a rejection)."""
     alpha = min(max(alpha, ALPHA_MIN), ALPHA_MAX)
@@ -79,14 +90,18 @@ def verdict_gap(
     chains_in_flight: int = 1,
     verify_s: float = 0.0,
     pass_s: float = 0.0,
+    live: float | None = None,
 ) -> float:
-    """E[T] between two verdicts (see the module doc): `full` = P(a chain is accepted whole),
-    `tree_s` = τ, `redraft_s` = γ·T_draft, `miss_share` = misses per rejection, `pass_s` = one
-    tree pass (0: the edge's passes are not priced)."""
+    """E[T] between two verdicts (see the module doc): `full` = P(a chain is accepted whole, or
+    goes on as a fork taken), `tree_s` = τ, `redraft_s` = γ·T_draft, `miss_share` = misses per
+    rejection, `pass_s` = one tree pass (0: the edge's passes are not priced), `live` = P(a
+    chain sent ahead stays live at the verdict before it) as the edge's `holds_pass` prices it
+    (default `full`)."""
     if not 0 <= full < 1:
         raise ValueError(f"P(full acceptance) must be in [0, 1), got {full}")
     timing = dict(window_s=window_s, tree_s=tree_s, redraft_s=redraft_s, miss_share=miss_share,
-                  chains_in_flight=chains_in_flight, verify_s=verify_s, pass_s=pass_s)  # fmt: skip
+                  chains_in_flight=chains_in_flight, verify_s=verify_s, pass_s=pass_s,
+                  live=full if live is None else live)  # fmt: skip
     # a run starts on time, or after a hit whose tree waits behind a stale pass (`late`): a
     # two-state chain over the runs' starts, the late one at the mean wait the first leaves
     gap_on_time, p_late, late = _run_gap(full, 0.0, **timing)
@@ -108,7 +123,8 @@ def _run_gap(
     chains_in_flight: int,
     verify_s: float,
     pass_s: float,
-) -> tuple[float, float]:
+    live: float,
+) -> tuple[float, float, float]:
     """E[T] per verdict over a run whose first tree starts `late` after its chain left; the
     probability that the run leaves the next run's first tree waiting (a hit sends its chain at
     once, but its tree queues behind a pass still drafting the stale chain sent ahead), and the
@@ -122,7 +138,10 @@ def _run_gap(
         leave = 0.0 if k == 0 else drafted[-1]
         if k >= chains_in_flight:
             leave = max(leave, verdicts[k - chains_in_flight])
-        drafted.append(leave + (late if k == 0 else 0.0) + tree_s)
+        held = 0.0  # a pass of its tree held for the verdict before it, which accepted it whole
+        if k > 0 and leave < verdicts[-1] < leave + tree_s:
+            held = (1.0 - live) ** 2 * pass_s / 2
+        drafted.append(leave + (late if k == 0 else held) + tree_s)
         verdict = max(leave + window_s, verdicts[-1] + verify_s if verdicts else 0.0)
         verdicts.append(verdict)
         # the run ends at this chain's rejection: a hit leaves once its tree is drafted, a
@@ -130,7 +149,7 @@ def _run_gap(
         ahead = drafted[k]  # the next chain leaves here, if a place in flight is free
         if k + 1 >= chains_in_flight:
             ahead = max(ahead, verdicts[k + 1 - chains_in_flight])
-        busy = _pass_left(verdict, drafted[k], ahead, tree_s, pass_s)
+        busy = _pass_left(verdict, drafted[k], ahead, tree_s, pass_s, live)
         hit, miss = max(verdict, drafted[k]), verdict + busy + redraft_s
         expected += weight * ((1.0 - miss_share) * hit + miss_share * miss)
         if ahead < verdict and busy > 0:  # a stale chain's pass: the hit's tree waits for it
@@ -141,16 +160,18 @@ def _run_gap(
     return (1.0 - full) * expected, p_late, waits / p_late if p_late else 0.0
 
 
-def _pass_left(verdict: float, drafted: float, ahead: float, tree_s: float, pass_s: float) -> float:
+def _pass_left(
+    verdict: float, drafted: float, ahead: float, tree_s: float, pass_s: float, live: float
+) -> float:
     """How much of the edge's pass in flight is left, on average, at a rejection's verdict:
-    of the chain's own tree still being drafted, or of the tree of the chain sent after it (an
-    edge finishes a pass that turned stale: a forward does not stop midway). Half a pass, at
-    most what is left of the tree: where in a pass a verdict lands is the jitter of every
-    time before it, which the model does not know."""
+    of the chain's own tree still being drafted (half a pass), or of the tree of the chain sent
+    after it, which a forward does not stop midway but `holds_pass` mostly keeps out of the
+    verdict's way (live²/2 of a pass); at most what is left of the tree. Where in a pass a
+    verdict lands is the jitter of every time before it, which the model does not know."""
     if verdict < drafted:
         return min(pass_s / 2, drafted - verdict)
     if ahead < verdict < ahead + tree_s:
-        return min(pass_s / 2, ahead + tree_s - verdict)
+        return min(live**2 * pass_s / 2, ahead + tree_s - verdict)
     return 0.0
 
 
@@ -196,6 +217,7 @@ def chain_seconds(gamma: int, est: Estimates, chains_in_flight: int = 1) -> floa
         chains_in_flight=chains_in_flight,
         verify_s=est.verify_s,
         pass_s=est.tree_pass_s,
+        live=full,
     )
 
 

@@ -39,6 +39,12 @@ chain, γ passes), while a pass costs about the same for a few tips as for tens:
 of the next chain's tree also draft the trees of the likeliest forks (`fork_trees`), and a fork
 taken has its tree (nearly) drafted, its own forks and continuation ready to go up.
 
+A chain sent ahead turns stale at every rejection, and a forward does not stop midway: a pass
+of its tree that the verdict interrupts holds up what the verdict asks for (a redraft, the hit
+branch's tree). So when the verdict is due before the next such pass would end, the edge leaves
+that pass until the verdict comes, where that costs less on average than it saves
+(`control.holds_pass`); a chain accepted whole then has its tree resumed.
+
 Draft tokens are sampled with a random stream keyed by (seed, output position), so a token
 drafted inside the tree is exactly the token a redraft would give there: the cache only saves
 draft work, and a run's tokens do not depend on the tree's shape, the budget or the timing.
@@ -67,7 +73,7 @@ from wanspec.protocols.base import (
     position_rng,
 )
 from wanspec.protocols.budget import BranchPlanner, Ewma, ranked_capture
-from wanspec.protocols.control import ChainController, dists_pay
+from wanspec.protocols.control import ChainController, dists_pay, holds_pass
 from wanspec.protocols.schemes import dist_probs
 from wanspec.protocols.speculative import EdgeState, Round, SpecEdge
 from wanspec.protocols.uplink import UplinkModel
@@ -153,6 +159,7 @@ class Speculation:
             return node - n - int(np.searchsorted(gone, node))
 
         self.offset = moved(self.offset)
+        self.anchors = [moved(node) if node >= 0 else node for node in self.anchors]
         for spec in (self, *self.co):
             for branch in spec.branches:
                 branch.nodes = [moved(node) for node in branch.nodes]
@@ -222,6 +229,9 @@ class PipelineEdge(SpecEdge):
         # a taken fork's tree whose pass, drafting a tree now stale, is in flight: where its
         # rows start among that pass's
         self.completing: int | None = None
+        # the tree of a chain sent ahead whose next pass waits for the verdict due first
+        self.held: Speculation | None = None
+        self.pass_s: float | None = None  # the last tree pass's time
         self.sent_at: float | None = None  # when the chain awaiting its verdict left, if alone
         self.opened_at: float | None = None  # when the Hello left
         self.round_trip: float | None = None  # the handshake's (the cloud answers at once)
@@ -417,6 +427,8 @@ class PipelineEdge(SpecEdge):
 
     def _observe_compute(self, purpose: Purpose) -> None:
         seconds = self._timed(purpose)
+        if purpose == Purpose.TREE and seconds is not None:
+            self.pass_s = seconds
         if self.controller is None or seconds is None:
             return
         if purpose == Purpose.DRAFT:
@@ -440,7 +452,7 @@ class PipelineEdge(SpecEdge):
                 self._extend_branch(tree, branch, next(rows_left))
             tree.passes_done += 1
         if not spec.drafted:
-            return [self._tree_pass(spec)]
+            return self._next_pass(spec)
         if self.state == EdgeState.WAITING:
             return self._send_drafted(spec)
         if self.state == EdgeState.STALLED:
@@ -460,8 +472,33 @@ class PipelineEdge(SpecEdge):
         if len(self.ahead) > before:
             nxt = self.ahead[-1].spec
             nxt.co = self._fork_trees(spec, nxt)
-            actions.append(self._tree_pass(nxt))
+            actions += self._next_pass(nxt)
         return actions
+
+    def _next_pass(self, spec: Speculation) -> list[Action]:
+        """The next pass of `spec`, unless it is the tree of a chain sent ahead and the verdict
+        due first should find the edge free (`holds_pass`): then it waits in `held`. A pass that
+        also drafts forks' trees goes on: a fork taken wants it too."""
+        if self.ahead and spec is self.ahead[-1].spec and not spec.co and self._holds_pass():
+            self.held = spec
+            self.count("passes_held")
+            return []
+        return [self._tree_pass(spec)]
+
+    def _holds_pass(self) -> bool:
+        due = None if self.spec is None else self._verdict_due(self.spec)
+        if due is None or self.now is None or self.pass_s is None or self.planner is None:
+            return False
+        full = self.planner.alpha ** len(self.round.tokens)  # the chain sent ahead stays live
+        return holds_pass(idle_s=due - self.now, pass_s=self.pass_s, full=full)
+
+    def _resume_held(self) -> list[Action]:
+        """The verdict came and the chain sent ahead is still live: its tree's pass goes on."""
+        held, self.held = self.held, None
+        if held is None or held is not self._drafting or held.drafted:
+            return []
+        self.count("passes_resumed")
+        return [self._tree_pass(held)]
 
     def _extend_branch(self, spec: Speculation, branch: Branch, row: DraftRow) -> None:
         # from the speculation's base, not `generated`: a verdict may commit tokens while the
@@ -503,7 +540,7 @@ class PipelineEdge(SpecEdge):
         self.went_ahead = self.went_ahead or bool(self.accepted_per_round)
         msg = self.draft_message(rnd)
         self._log_send(msg)
-        return [Send(msg), self._tree_pass(spec)] if first_pass else [Send(msg)]
+        return [Send(msg), *self._next_pass(spec)] if first_pass else [Send(msg)]
 
     def _send_forks(self, spec: Speculation, chain: Round) -> list[Action]:
         """Send the alternative branches of `chain`'s drafted tree as forks (`deepspec-tree`),
@@ -733,6 +770,7 @@ class PipelineEdge(SpecEdge):
             return []
         self.count("stale_chains_ahead", len(self.ahead))
         self.ahead = []
+        self.held = None
         return self._cancel_trees() if cancel else []
 
     def _take_fork(self, branch: Branch, fork: Round) -> list[Action]:
@@ -836,12 +874,15 @@ class PipelineEdge(SpecEdge):
         nxt.spec.nodes -= len(gone)
         for later in (nxt, *self.ahead):
             later.spec.shift(dropped, gone)
+        if nxt.spec.passes_done == 0 and nxt.spec is self.held:
+            # no pass of its tree went out: it hangs from the path just kept, the cache's end
+            nxt.spec.anchors = [-(nxt.spec.depth - k) for k in range(nxt.spec.depth)]
         # its window would include the wait behind the chains before it at the cloud: only a
         # chain sent with none in flight measures RTT + T_verify
         self.round, self.spec, self.sent_at = nxt.round, nxt.spec, None
         self.alternatives = nxt.alternatives
         self.enter(EdgeState.WAITING)
-        return [keep, *self._send_ahead()]
+        return [keep, *self._resume_held(), *self._send_ahead()]
 
     @property
     def cache_hit_rate(self) -> float | None:
