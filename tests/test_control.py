@@ -181,6 +181,25 @@ def test_a_stale_pass_the_edge_cannot_hold_makes_a_chain_sent_ahead_a_loss() -> 
     assert verdict_gap(0.06, **timing, chains_in_flight=2) < one  # unpriced passes: a gain
 
 
+def test_a_stale_pass_the_edge_never_holds_costs_half_a_pass() -> None:
+    """Passes that also draft forks' trees are never held: where none may be, the model is the
+    one of an edge that runs every pass, and a mix lies between."""
+    timing = dict(window_s=0.2, tree_s=0.16, redraft_s=0.16, miss_share=0.3, verify_s=0.15,
+                  chains_in_flight=2, pass_s=0.04)  # fmt: skip
+    never = verdict_gap(0.06, **timing, holdable=0.0)
+    assert never == pytest.approx(verdict_gap(0.06, **timing, live=1.0))
+    assert verdict_gap(0.06, **timing) < verdict_gap(0.06, **timing, holdable=0.5) < never
+
+
+def test_the_controller_counts_the_passes_it_may_hold() -> None:
+    ctl = ChainController(start=4, gamma_max=8, chains_in_flight=2)
+    _measured(ctl, 0.3, WARMUP_CHAINS)
+    assert ctl.estimates().holdable == 1.0  # no chain went ahead yet
+    for holdable in (False, False, False, True):
+        ctl.observe_ahead_pass(holdable=holdable)
+    assert ctl.estimates().holdable == pytest.approx(2 / 5)  # one pseudo-pass that may be held
+
+
 @pytest.mark.parametrize(
     ("idle_s", "full", "holds"),
     [(0.005, 0.2, True), (0.031, 0.2, True), (0.033, 0.2, False), (0.01, 0.9, False),
@@ -445,9 +464,10 @@ def test_auto_gamma_is_faster_than_the_default_on_a_long_round_trip(shared_world
 
 
 def test_deepspec_tree_auto_feeds_its_forks_and_its_handshake(shared_world: World) -> None:
-    """The edge tells its controller which hits were forks with the cloud and how long the
-    handshake took: without either, its model prices deepspec-tree as acespec and picks long
-    chains."""
+    """The edge tells its controller which hits were forks with the cloud, how long the
+    handshake took and which passes of chains sent ahead it may not hold (they draft forks'
+    trees): without these, its model prices deepspec-tree as acespec and picks long chains, or
+    counts on held passes it does not get."""
     rtt = 0.15
     link = Link(bandwidth_bps=1e7, rtt_s=rtt)
     settings = dict(seed=0, max_new_tokens=48, temperature=1.2, chains_in_flight="auto")
@@ -456,6 +476,7 @@ def test_deepspec_tree_auto_feeds_its_forks_and_its_handshake(shared_world: Worl
     assert ctl.forks == edge.counters["forks_taken"] > 0
     assert ctl.rejections - ctl.misses >= ctl.forks
     assert rtt <= ctl.round_trip_s < rtt + 0.01  # Hello up and HelloAck down, at 10 Mbit/s
+    assert ctl.holdable_passes < ctl.ahead_passes
 
 
 def test_a_chain_carries_its_dists_where_the_forks_save_more_than_they_take() -> None:

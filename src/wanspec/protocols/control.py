@@ -19,7 +19,9 @@ analysis (docs/METHODS.md), checked against the simulator on the i.i.d. syntheti
   it (now stale) the edge holds a pass the verdict would interrupt where that pays
   (`holds_pass`): for a verdict uniform within the pass, a share 1 − a of them (a = P(that
   chain stays live)) find the edge idle, the rest wait a²·T_pass/2 on average, and a full
-  acceptance finds that tree (1 − a)²·T_pass/2 late on average;
+  acceptance finds that tree (1 − a)²·T_pass/2 late on average. A pass that also drafts forks'
+  trees is never held (half a pass again): the model weighs the two by the measured share of
+  such passes that could be held;
 - a rejection whose branch went up as a fork (`deepspec-tree`) is no end of the run: the cloud
   verifies the fork at once, as it would the continuation after a full acceptance, so the run
   goes on with P = α^γ + (1 − α^γ)·P(fork | rejection), and only the other rejections hit or miss.
@@ -91,17 +93,18 @@ def verdict_gap(
     verify_s: float = 0.0,
     pass_s: float = 0.0,
     live: float | None = None,
+    holdable: float = 1.0,
 ) -> float:
     """E[T] between two verdicts (see the module doc): `full` = P(a chain is accepted whole, or
     goes on as a fork taken), `tree_s` = τ, `redraft_s` = γ·T_draft, `miss_share` = misses per
     rejection, `pass_s` = one tree pass (0: the edge's passes are not priced), `live` = P(a
     chain sent ahead stays live at the verdict before it) as the edge's `holds_pass` prices it
-    (default `full`)."""
+    (default `full`), `holdable` = the share of such a chain's passes the edge may hold."""
     if not 0 <= full < 1:
         raise ValueError(f"P(full acceptance) must be in [0, 1), got {full}")
     timing = dict(window_s=window_s, tree_s=tree_s, redraft_s=redraft_s, miss_share=miss_share,
                   chains_in_flight=chains_in_flight, verify_s=verify_s, pass_s=pass_s,
-                  live=full if live is None else live)  # fmt: skip
+                  live=full if live is None else live, holdable=holdable)  # fmt: skip
     # a run starts on time, or after a hit whose tree waits behind a stale pass (`late`): a
     # two-state chain over the runs' starts, the late one at the mean wait the first leaves
     gap_on_time, p_late, late = _run_gap(full, 0.0, **timing)
@@ -124,6 +127,7 @@ def _run_gap(
     verify_s: float,
     pass_s: float,
     live: float,
+    holdable: float,
 ) -> tuple[float, float, float]:
     """E[T] per verdict over a run whose first tree starts `late` after its chain left; the
     probability that the run leaves the next run's first tree waiting (a hit sends its chain at
@@ -140,7 +144,7 @@ def _run_gap(
             leave = max(leave, verdicts[k - chains_in_flight])
         held = 0.0  # a pass of its tree held for the verdict before it, which accepted it whole
         if k > 0 and leave < verdicts[-1] < leave + tree_s:
-            held = (1.0 - live) ** 2 * pass_s / 2
+            held = holdable * (1.0 - live) ** 2 * pass_s / 2
         drafted.append(leave + (late if k == 0 else held) + tree_s)
         verdict = max(leave + window_s, verdicts[-1] + verify_s if verdicts else 0.0)
         verdicts.append(verdict)
@@ -149,7 +153,7 @@ def _run_gap(
         ahead = drafted[k]  # the next chain leaves here, if a place in flight is free
         if k + 1 >= chains_in_flight:
             ahead = max(ahead, verdicts[k + 1 - chains_in_flight])
-        busy = _pass_left(verdict, drafted[k], ahead, tree_s, pass_s, live)
+        busy = _pass_left(verdict, drafted[k], ahead, tree_s, pass_s, live, holdable)
         hit, miss = max(verdict, drafted[k]), verdict + busy + redraft_s
         expected += weight * ((1.0 - miss_share) * hit + miss_share * miss)
         if ahead < verdict and busy > 0:  # a stale chain's pass: the hit's tree waits for it
@@ -161,17 +165,25 @@ def _run_gap(
 
 
 def _pass_left(
-    verdict: float, drafted: float, ahead: float, tree_s: float, pass_s: float, live: float
+    verdict: float,
+    drafted: float,
+    ahead: float,
+    tree_s: float,
+    pass_s: float,
+    live: float,
+    holdable: float,
 ) -> float:
     """How much of the edge's pass in flight is left, on average, at a rejection's verdict:
     of the chain's own tree still being drafted (half a pass), or of the tree of the chain sent
     after it, which a forward does not stop midway but `holds_pass` mostly keeps out of the
-    verdict's way (live²/2 of a pass); at most what is left of the tree. Where in a pass a
-    verdict lands is the jitter of every time before it, which the model does not know."""
+    verdict's way (live²/2 of a pass where it may hold it, half a pass where not); at most what
+    is left of the tree. Where in a pass a verdict lands is the jitter of every time before
+    it, which the model does not know."""
     if verdict < drafted:
         return min(pass_s / 2, drafted - verdict)
     if ahead < verdict < ahead + tree_s:
-        return min(live**2 * pass_s / 2, ahead + tree_s - verdict)
+        share = holdable * live**2 + (1.0 - holdable)
+        return min(share * pass_s / 2, ahead + tree_s - verdict)
     return 0.0
 
 
@@ -191,6 +203,8 @@ class Estimates:
     miss_by_gamma: Mapping[int, float] | None = None
     # the share of tree hits that were forks already with the cloud (`deepspec-tree`)
     fork_share_of_hits: float = 0.0
+    # the share of the passes of chains sent ahead the edge may hold (not drafting forks' trees)
+    holdable: float = 1.0
 
     def miss(self, gamma: int) -> float:
         if self.miss_by_gamma is None or gamma not in self.miss_by_gamma:
@@ -218,6 +232,7 @@ def chain_seconds(gamma: int, est: Estimates, chains_in_flight: int = 1) -> floa
         verify_s=est.verify_s,
         pass_s=est.tree_pass_s,
         live=full,
+        holdable=est.holdable,
     )
 
 
@@ -282,6 +297,8 @@ class ChainController:
     rejections: int = field(init=False, default=0)
     misses: int = field(init=False, default=0)
     forks: int = field(init=False, default=0)
+    ahead_passes: int = field(init=False, default=0)
+    holdable_passes: int = field(init=False, default=0)
     window: Ewma = field(init=False, default_factory=Ewma)
     tree_pass: Ewma = field(init=False, default_factory=Ewma)
     draft: Ewma = field(init=False, default_factory=Ewma)
@@ -321,6 +338,12 @@ class ChainController:
         self.misses += int(not hit)
         self.forks += int(fork)
 
+    def observe_ahead_pass(self, *, holdable: bool) -> None:
+        """A pass of a chain-sent-ahead's tree is due: one the edge may hold for the verdict,
+        or one that also drafts forks' trees, which it never holds."""
+        self.ahead_passes += 1
+        self.holdable_passes += int(holdable)
+
     def observe_verdict_gap(self, seconds: float) -> None:
         """The time between a verdict and the one before, for a chain sent before that one came:
         never less than the cloud's time per chain, and equal to it when the chain waited at
@@ -352,7 +375,11 @@ class ChainController:
         # one pseudo-hit that was no fork, as the miss share's pseudo-rejection: the first fork
         # taken must not make every hit look like one
         forks = self.forks / (self.rejections - self.misses + 1)
-        return Estimates(self.alpha, window, tree, draft, miss_share, verify, self._misses(), forks)
+        # one pseudo-pass that may be held: before any chain goes ahead, its passes may be
+        holdable = (self.holdable_passes + 1) / (self.ahead_passes + 1)
+        return Estimates(
+            self.alpha, window, tree, draft, miss_share, verify, self._misses(), forks, holdable
+        )
 
     def _misses(self) -> dict[int, float] | None:
         """The hit model's miss share per candidate γ: a longer chain spreads the same budget

@@ -479,7 +479,11 @@ class PipelineEdge(SpecEdge):
         """The next pass of `spec`, unless it is the tree of a chain sent ahead and the verdict
         due first should find the edge free (`holds_pass`): then it waits in `held`. A pass that
         also drafts forks' trees goes on: a fork taken wants it too."""
-        if self.ahead and spec is self.ahead[-1].spec and not spec.co and self._holds_pass():
+        if not self.ahead or spec is not self.ahead[-1].spec:
+            return [self._tree_pass(spec)]
+        if self.controller is not None:
+            self.controller.observe_ahead_pass(holdable=not spec.co)
+        if not spec.co and self._holds_pass():
             self.held = spec
             self.count("passes_held")
             return []
