@@ -276,7 +276,8 @@ class ChainController:
 
     Feeds: `observe_verdict(accepted, drafted, window_s)` per verdict; `observe_tree_pass(s)` and
     `observe_draft(s)` per compute; `observe_outcome(hit, fork=)` per rejection looked up in the
-    tree (or taken as a fork).
+    tree (or taken as a fork); `observe_ahead_pass(holdable=)` per pass of a chain-sent-ahead's
+    tree.
     Until the estimates exist (`WARMUP_CHAINS` verdicts, one tree pass and one draft) it keeps
     `start` and `START_DEPTH`. `adapt_gamma` False holds γ at `start`; `chains_in_flight` is D,
     or D's upper limit when `adapt_depth`. With a `hit_model` each candidate γ gets the miss

@@ -174,6 +174,11 @@ class InFlight:
     alternatives: list[list[int]]  # per chain depth: what its tree branched on, best first
 
 
+def _cache_end(depth: int) -> list[int]:
+    """The anchors of a tree whose chain's `depth` tokens are the last ones in the cache."""
+    return [-(depth - k) for k in range(depth)]
+
+
 def _tree_branches(chain: Round, alternatives: list[list[int]], fanout: list[int]) -> list[Branch]:
     """A chain's tree: its continuation, then `fanout[k]` alternatives at each depth k."""
     branches = [Branch.continuation(len(chain.tokens), chain.tokens[-1])]
@@ -364,8 +369,7 @@ class PipelineEdge(SpecEdge):
     def _speculate(self) -> list[Action]:
         """The tree for the chain just sent from the committed context: it hangs from the
         cache, its chain's tokens being the last ones there."""
-        depth = len(self.round.tokens)
-        anchors = [-(depth - k) for k in range(depth)]
+        anchors = _cache_end(len(self.round.tokens))
         self.spec = self._plan_tree(self.round, self.alternatives, anchors, self.generated, 0)
         return [self._tree_pass(self.spec)]
 
@@ -880,7 +884,7 @@ class PipelineEdge(SpecEdge):
             later.spec.shift(dropped, gone)
         if nxt.spec.passes_done == 0 and nxt.spec is self.held:
             # no pass of its tree went out: it hangs from the path just kept, the cache's end
-            nxt.spec.anchors = [-(nxt.spec.depth - k) for k in range(nxt.spec.depth)]
+            nxt.spec.anchors = _cache_end(nxt.spec.depth)
         # its window would include the wait behind the chains before it at the cloud: only a
         # chain sent with none in flight measures RTT + T_verify
         self.round, self.spec, self.sent_at = nxt.round, nxt.spec, None
