@@ -503,8 +503,9 @@ class PipelineEdge(SpecEdge):
     def _resume_held(self) -> list[Action]:
         """The verdict came and the chain sent ahead is still live: its tree's pass goes on."""
         held, self.held = self.held, None
-        if held is None or held is not self._drafting or held.drafted:
+        if held is None:
             return []
+        assert held is self._drafting and not held.drafted  # only the newest tree's pass waits
         self.count("passes_resumed")
         return [self._tree_pass(held)]
 
