@@ -25,6 +25,7 @@ from wanspec.protocols.control import (
     best_setting,
     chain_seconds,
     dists_pay,
+    fork_saving_s,
     holds_pass,
     modelled_rate,
     tokens_per_chain,
@@ -487,3 +488,15 @@ def test_a_chain_carries_its_dists_where_the_forks_save_more_than_they_take() ->
     assert not dists_pay(**measured, extra_s=1_200 / 5e4)
     assert dists_pay(**measured, extra_s=1_200 / 1e8)
     assert not dists_pay(**{**measured, "fork_share": 0.0}, extra_s=0.0)
+
+
+def test_a_fork_saves_the_round_trip_of_a_chain_not_of_the_handshake() -> None:
+    """The handshake's round trip carries the Hello and HelloAck (1,584 bits, 32 ms at
+    50 kbit/s); what a fork saves is a plain chain's (160 bits) round trip: the RTT and 3 ms.
+    At 100 Mbit/s the two are the same to a few µs."""
+    rtt, handshake, chain = 0.05, 1_584, 160
+    for rate in (5e4, 1e8):
+        saving = fork_saving_s(rtt + handshake / rate, handshake_bits=handshake,
+                               chain_bits=chain, rate_bps=rate)  # fmt: skip
+        assert saving == pytest.approx(rtt + chain / rate)
+    assert fork_saving_s(0.01, handshake_bits=handshake, chain_bits=chain, rate_bps=1e4) == 0.0

@@ -542,6 +542,24 @@ def test_deepspec_tree_auto_sends_the_dists_where_forks_pay_for_them() -> None:
     assert plain[1e8] < 0.05 and plain[5e4] > 0.9, plain
 
 
+@pytest.mark.parametrize("seed", [1, 11])
+def test_forks_leave_a_slow_uplink_mostly_to_the_chains(seed: int) -> None:
+    """At 50 kbit/s (α = 0.6) a chain's p̃ pays only where forks are taken often, and the
+    forks go up only as the uplink, at the rate the edge fits, carries them in time. On these
+    seeds the fit once took a rate 25 times too fast from three windows whose verdicts differed
+    in size, and forks kept the uplink busy for most of the run; the handshake's round trip,
+    its own messages' sending included, made p̃ look worth a slow uplink's time."""
+    rate = 5e4
+    stats = wanspec.generate(
+        synthetic_pair(0.6, seed), f"Question {seed}:", "deepspec-tree",
+        link=Link(bandwidth_bps=rate, rtt_s=0.05), edge_profile="edge-orin",
+        cloud_profile="cloud-a100x4-70b", gamma="auto", chains_in_flight="auto",
+        max_new_tokens=64, seed=seed,
+    ).stats  # fmt: skip
+    assert stats["uplink_bits"] / (rate * stats["time_s"]) < 0.2, stats
+    assert stats.get("forks_sent", 0) < 20, stats
+
+
 def test_a_fork_taken_with_its_tree_drafted_sends_its_forks_as_the_uplink_allows(
     shared_world: World,
 ) -> None:

@@ -64,6 +64,20 @@ def test_a_rate_that_would_make_a_window_too_short_is_never_fitted() -> None:
     assert all(bits / fitted <= seconds for bits, seconds in windows)
 
 
+def test_a_faster_rate_that_fits_a_few_windows_by_chance_is_not_taken() -> None:
+    """Three chains alone at 50 kbit/s; the third's verdict is a rejection's (320 bits, 5 ms
+    more on the way down than a full acceptance's 64). A rate five times faster leaves the
+    three rests nearly equal, and taken, it flooded that uplink with forks for seconds: within
+    what the verdicts' sizes explain, the slower rate wins."""
+    model, t = UplinkModel(), 0.0
+    for bits, verdict in ((1_224, 64), (1_224, 64), (900, 320)):
+        window = bits / 5e4 + 0.2 + verdict / 5e4
+        model.answered(model.sent(t, bits), t, window, verdict_bits=verdict)
+        t += 10.0
+    fitted = model.rate_bps()
+    assert fitted is not None and abs(math.log(fitted / 5e4)) <= STEP / 2 + 1e-9
+
+
 def test_room_is_what_drains_by_the_deadline_behind_the_queue() -> None:
     model = UplinkModel()
     _true_windows(1e6, 0.35, model)

@@ -67,13 +67,14 @@ from wanspec.protocols.base import (
     Compute,
     Draw,
     Event,
+    MessageReceived,
     ProtocolError,
     Purpose,
     Send,
     position_rng,
 )
 from wanspec.protocols.budget import BranchPlanner, Ewma, ranked_capture
-from wanspec.protocols.control import ChainController, dists_pay, holds_pass
+from wanspec.protocols.control import ChainController, dists_pay, fork_saving_s, holds_pass
 from wanspec.protocols.schemes import dist_probs
 from wanspec.protocols.speculative import EdgeState, Round, SpecEdge
 from wanspec.protocols.uplink import UplinkModel
@@ -240,6 +241,8 @@ class PipelineEdge(SpecEdge):
         self.sent_at: float | None = None  # when the chain awaiting its verdict left, if alone
         self.opened_at: float | None = None  # when the Hello left
         self.round_trip: float | None = None  # the handshake's (the cloud answers at once)
+        self.handshake_bits = 0  # the Hello's and the HelloAck's
+        self.reply_bits = 0  # the last message's from the cloud
         self.verdict_at: float | None = None  # when the last verdict came
         # seconds from a verdict to the next, for a chain already with the cloud at the first
         # (sent ahead, or a fork taken): about the cloud's time to verify a chain
@@ -251,9 +254,13 @@ class PipelineEdge(SpecEdge):
     # ---- clock stamps (for the budget and the controller only)
     def on_start(self) -> list[Action]:
         self.opened_at = self.now
-        return super().on_start()
+        actions = super().on_start()
+        hello = [a.msg for a in actions if isinstance(a, Send) and isinstance(a.msg, wire.Hello)]
+        self.handshake_bits = sum(wire.bits(msg) for msg in hello)
+        return actions
 
     def on_hello_ack(self, ack: wire.HelloAck) -> list[Action]:
+        self.handshake_bits += wire.bits(ack)
         actions = super().on_hello_ack(ack)
         if self.now is not None and self.opened_at is not None:
             self.round_trip = self.now - self.opened_at
@@ -262,6 +269,8 @@ class PipelineEdge(SpecEdge):
         return actions
 
     def handle(self, event: Event) -> list[Action]:
+        if self.uplink is not None and isinstance(event, MessageReceived):
+            self.reply_bits = wire.bits(event.msg) if event.bits is None else event.bits
         actions = super().handle(event)  # keeps the stamp in `now`
         for action in actions:
             if isinstance(action, Compute):
@@ -333,7 +342,8 @@ class PipelineEdge(SpecEdge):
         `deepspec-tree`). Its p̃ only lets the cloud go on with one of its forks, so it goes
         where forks taken, at the share of rejections they have been taken in on chains with
         p̃ (one pseudo-fork in two pseudo-rejections: the first chains try them out), each
-        saving a round trip (the handshake's, else the window), save more time than the p̃
+        saving a round trip (the handshake's, less its own sending: `fork_saving_s`; else
+        the window), save more time than the p̃
         takes on the uplink at its measured rate (`dists_pay`; nothing before the rate is
         known). A chain sent alone goes without it until a chain was sent ahead after the
         first verdict: its forks would go up once its tree is drafted before its verdict, which
@@ -348,15 +358,19 @@ class PipelineEdge(SpecEdge):
         if window is None or (alone and not self.went_ahead):
             return True
         fork_share = (counts.get("forks_taken", 0) + 1) / (counts.get("dists_rejections", 0) + 2)
-        extra_s = 0.0
+        extra_s, saved = 0.0, window if self.round_trip is None else min(window, self.round_trip)
         if rate is not None:
             plain, rnd.plain = rnd.plain, True
             plain_bits = wire.bits(self.draft_message(rnd))
             rnd.plain = False
             extra_s = (wire.bits(self.draft_message(rnd)) - plain_bits) / rate
             rnd.plain = plain
+            if self.round_trip is not None:
+                saved = min(window, fork_saving_s(
+                    self.round_trip, handshake_bits=self.handshake_bits, chain_bits=plain_bits,
+                    rate_bps=rate,
+                ))  # fmt: skip
         reject = 1.0 - self.planner.alpha ** len(rnd.tokens)
-        saved = window if self.round_trip is None else min(window, self.round_trip)
         return not dists_pay(reject=reject, fork_share=fork_share, saved_s=saved, extra_s=extra_s)
 
     def _log_send(self, msg: Any, bits: int | None = None) -> Any:
@@ -687,7 +701,7 @@ class PipelineEdge(SpecEdge):
         # fastest rate look best, and then forks flood a slow uplink
         measured = self.lone_send is not None and window is not None
         if self.uplink is not None and measured and self.accepted_per_round:
-            self.uplink.answered(self.lone_send, self.sent_at, window)
+            self.uplink.answered(self.lone_send, self.sent_at, window, self.reply_bits)
         self.lone_send = None
         if self.planner is None:
             return

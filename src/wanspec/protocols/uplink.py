@@ -4,7 +4,8 @@ The edge knows every message it sent (when, how many bits) and, for a chain sent
 verdict came back. Under an uplink of rate r each message leaves once those before it have gone
 out, so a chain's window is its wait behind earlier sends, its own transmission and a constant
 rest (the round trip, the verification, the verdict's way down). The fitted r is the one under
-which those rests vary least (`UplinkModel.rate_bps`). `deepspec-tree` sends a tree's forks only
+which those rests vary least (`UplinkModel.rate_bps`), up to what the verdicts' sizes make them
+vary on the way down. `deepspec-tree` sends a tree's forks only
 while the uplink can carry them before the next chain leaves, so they never delay it.
 
 Pure: times are the driver's clock, passed in.
@@ -33,6 +34,7 @@ class UplinkModel:
 
     through: np.ndarray = field(default_factory=lambda: np.full(len(RATES_BPS), -np.inf))
     rests: deque[np.ndarray] = field(default_factory=lambda: deque(maxlen=EXCHANGES))
+    verdict_bits: deque[int] = field(default_factory=lambda: deque(maxlen=EXCHANGES))
     fitted: int | None = None  # the index in RATES_BPS of the fitted rate
 
     def sent(self, at: float, bits: int) -> np.ndarray:
@@ -40,24 +42,32 @@ class UplinkModel:
         self.through = np.maximum(self.through, at) + bits / RATES_BPS
         return self.through.copy()
 
-    def answered(self, ticket: np.ndarray, sent_at: float, seconds: float) -> None:
-        """The verdict on the chain sent alone at `sent_at` came `seconds` later."""
+    def answered(
+        self, ticket: np.ndarray, sent_at: float, seconds: float, verdict_bits: int = 0
+    ) -> None:
+        """The verdict (of `verdict_bits`) on the chain sent alone at `sent_at` came `seconds`
+        later."""
         self.rests.append(seconds - (ticket - sent_at))
+        self.verdict_bits.append(verdict_bits)
         self.fitted = self._fit()
 
     def _fit(self) -> int:
         """The rate whose rests (window less wait and transmission) vary least among those
-        that leave none negative; among near ties the slowest: windows that never waited
-        cannot tell fast rates apart, and a rate guessed too fast floods the uplink with forks
-        (a chain sent alone, which could correct it, then seldom comes), one too slow only
-        holds some back."""
+        that leave none negative; among ties the slowest: windows that never waited cannot
+        tell fast rates apart, and a rate guessed too fast floods the uplink with forks (a
+        chain sent alone, which could correct it, then seldom comes), one too slow only holds
+        some back. A verdict's way down varies with its size (a full acceptance's is a few
+        bytes, a rejection's carries a token): at a rate, rests spread within the verdicts'
+        spread of bits over it, on a downlink no slower, count as a tie, or a few windows
+        can fit a far faster rate a little better by chance."""
         rests = np.array(self.rests)  # windows × rates
-        spread = rests.var(axis=0)
+        spread = rests.std(axis=0)
         feasible = rests.min(axis=0) >= 0.0  # no window shorter than its own wait and sending
         if feasible.any():
             spread[~feasible] = np.inf
         best = spread.min()
-        ties = np.flatnonzero(spread <= best + RELATIVE_SLACK * max(best, 1e-12))
+        noise = float(np.std(self.verdict_bits)) / RATES_BPS
+        ties = np.flatnonzero(spread <= best + RELATIVE_SLACK * max(best, 1e-12) + noise)
         return int(ties.min())
 
     def rate_bps(self) -> float | None:
