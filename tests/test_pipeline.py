@@ -87,6 +87,38 @@ def test_deepspec_gives_acespecs_tokens_with_chains_sent_ahead(
     tally.check(chains)
 
 
+@pytest.mark.parametrize(
+    ("method", "chains", "restart", "short"),
+    [("deepspec", 2, 2, True), ("deepspec-tree", 3, 1, True), ("deepspec", 1, 2, False),
+     ("deepspec", 2, 0, False), ("acespec", 1, 2, False), ("deepspec", 2, 4, False)],
+)  # fmt: skip
+def test_a_miss_restarts_with_a_short_chain_only_while_chains_go_ahead(
+    shared_world: World, method: str, chains: int, restart: int, short: bool
+) -> None:
+    """After a miss the cloud has nothing of the edge's: with chains going ahead the chain
+    drafted then is `restart_length` long, and the chains after it (sent ahead behind it, or
+    after its verdict) are γ long again; with one chain in flight, or 0, or a length of γ, every
+    chain is γ long. A seed gives acespec's tokens either way."""
+    gamma, link = 4, Link(bandwidth_bps=1e7, rtt_s=0.15)
+    lengths, misses, restarts = Counter(), 0, 0
+    for seed in range(3):
+        settings = dict(seed=seed, max_new_tokens=48, temperature=1.2, gamma=gamma)
+        ace, _, _ = shared_world.run("acespec", link=link, **settings)
+        run, edge, _ = shared_world.run(
+            method, link=link, chains_in_flight=chains, restart_length=restart, **settings
+        )
+        assert run.tokens == ace.tokens
+        lengths.update(len(entry["fanout"]) for entry in edge.rounds_log)
+        misses += edge.counters.get("cache_misses", 0)
+        restarts += edge.counters.get("restart_chains", 0)
+    assert misses > 3
+    if short:  # one short chain per miss (a run may end before the last one is sent)
+        assert misses - 3 <= restarts <= misses
+        assert lengths == Counter({gamma: lengths[gamma], restart: restarts})
+    else:
+        assert restarts == 0 and set(lengths) == {gamma}
+
+
 @pytest.mark.parametrize("chain_dists", ["always", "auto"])
 def test_deepspec_tree_gives_acespecs_tokens_whichever_side_draws_the_residual(
     shared_world: World, chain_dists: str
@@ -426,11 +458,13 @@ def test_deepspec_cycle_time_follows_the_chains_in_flight_analysis(
     edge, with the measured share of full acceptances and misses. One chain in flight (AceSpec's
     max(τ, W) + misses) is 9–80% slower at these points except at α = 0.5, where little is accepted
     whole: there the held passes keep a chain sent ahead from costing more than 3 %, and some
-    are held, some resumed after a full acceptance."""
+    are held, some resumed after a full acceptance. The analysis has every chain γ long, so
+    the chain after a miss is too here (`restart_length` 0); a shorter one leaves sooner and
+    is not in it."""
     gaps, full, misses, verdicts, held, resumed = [], 0, 0, 0, 0, 0
     for seed in range(3):
         sim, edge, _ = _iid_run("deepspec", alpha, gamma, seed, tree_ms=tree_ms, tree_budget=8,
-                                chains_in_flight=chains)  # fmt: skip
+                                chains_in_flight=chains, restart_length=0)  # fmt: skip
         arrivals = [r.t for r in sim.trace if r.side == "edge" and r.what == "recv"
                     and r.info["type"] == "VerifyResult"]  # fmt: skip
         gaps += list(np.diff(arrivals)[1:-1])

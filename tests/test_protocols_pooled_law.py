@@ -183,7 +183,13 @@ SETTINGS = [
     ("overproposed", "acespec", 30, {"gamma": 2, "tree_budget": 2}, ("redraft",)),
     ("overproposed", "deepspec-tree", 30, {"gamma": 2, "tree_budget": 4}, FORKS),
     ("shared", "deepspec", 80, {"gamma": 1, "tree_budget": 2, "tree_fixed": True}, AHEAD),
-    ("shared", "deepspec", 60, {"gamma": 2, "tree_budget": 4}, AHEAD),
+    (
+        "shared",
+        "deepspec",
+        60,
+        {"gamma": 2, "tree_budget": 4, "restart_length": 1},
+        (*AHEAD, "restart"),
+    ),
     ("shared", "deepspec", 60, {"gamma": 1, "tree_budget": 3, "chains_in_flight": 4}, AHEAD),
     (
         "shared",
@@ -204,14 +210,14 @@ SETTINGS = [
         "deepspec-tree",
         30,
         {"gamma": 3, "tree_budget": 8, "link": Link(1e8, 0.1), **TESTBED},
-        (*FORK_TREES, "fork tree mid-pass"),
+        (*FORK_TREES, "fork tree mid-pass", "restart"),
     ),
     (
         "shared",
         "deepspec-tree",
         60,
         {"gamma": 3, "tree_budget": 3, "chains_in_flight": 4},
-        FORK_TREES,
+        (*FORK_TREES, "restart"),
     ),
     ("hetero", "naive", 50, {"gamma": 2}, ()),
     ("hetero", "ul", 50, {"gamma": 2}, ()),
@@ -239,8 +245,8 @@ SETTINGS = [
         "hetero",
         "deepspec-x",
         50,
-        {"gamma": 2, "tree_budget": 4, "srdv_k": 1, "srdv_m": 1},
-        (*AHEAD, "fallback"),
+        {"gamma": 2, "tree_budget": 4, "srdv_k": 1, "srdv_m": 1, "restart_length": 1},
+        (*AHEAD, "fallback", "restart"),
     ),
 ]
 
@@ -273,6 +279,7 @@ def _check_paths(method: str, settings: dict, paths: Counter, wanted: tuple[str,
         "fork tree taken": paths["fork_trees_taken"] > 0,
         "fork tree mid-pass": paths["fork_trees_taken_in_flight"] > 0,
         "fork tree dropped": paths["fork_trees_dropped"] > 0,
+        "restart": paths["restart_chains"] > 0,
     }
     assert all(seen[name] for name in wanted), (seen, paths)
 

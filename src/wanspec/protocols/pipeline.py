@@ -226,6 +226,7 @@ class PipelineEdge(SpecEdge):
         self.controller = controller
         self.depth_limit = self.settings.chains_in_flight if send_ahead else 1
         self.next_length = self.settings.gamma if controller is None else controller.start
+        self.restart_cap: int | None = None  # the length of a chain restarting after a miss
         self.issued_at: dict[str, float | None] = {}  # when the last job of a kind went out
         self.ahead: list[InFlight] = []  # chains sent before the verdict, oldest first (deepspec)
         self.went_ahead = False  # a chain was sent ahead after the first verdict
@@ -284,7 +285,8 @@ class PipelineEdge(SpecEdge):
 
     @property
     def chain_length(self) -> int:
-        return self.next_length
+        cap = self.restart_cap
+        return self.next_length if cap is None else min(cap, self.next_length)
 
     @property
     def chains_in_flight(self) -> int:
@@ -328,6 +330,9 @@ class PipelineEdge(SpecEdge):
         return 0 if self.planner is None else self.planner.b_max
 
     def _upload(self) -> list[Action]:
+        if len(self.round.tokens) < self.next_length:
+            self.count("restart_chains")
+        self.restart_cap = None  # the tree and the chains after this one are γ long
         self.round.plain = self._goes_plain(self.round, alone=True)
         if self.round.plain:
             self.count("chains_plain")
@@ -776,9 +781,19 @@ class PipelineEdge(SpecEdge):
         if spec is not None:
             self.count("wasted_tree_nodes", spec.nodes)
         self.spec = None
+        self.restart_cap = self._restart_length()
         # the tree passes only: a path kept is queued behind the pass in flight, and the cache
         # already counts it kept
         return [*self._cancel_trees(), *self._begin_round()]
+
+    def _restart_length(self) -> int | None:
+        """How long the chain after a miss may be: the cloud has nothing of the edge's then, and
+        a chain of γ would reach it only after γ draft steps. A short one leaves sooner, its
+        tree is drafted as for any chain, and the next chain goes ahead behind it, so the
+        redraft overlaps the window; with one chain in flight the next would wait for its
+        verdict instead, a window for a few tokens."""
+        length = self.settings.restart_length
+        return length if length and self.send_ahead and self.chains_in_flight > 1 else None
 
     def _cancel_trees(self) -> list[Action]:
         """Cancel the tree passes outstanding (a pass drafting a taken fork's tree among them)."""

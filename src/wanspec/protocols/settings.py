@@ -117,6 +117,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "forks_per_tree": (_int_in(0, MAX_TREE_TIPS), f"an integer in [0, {MAX_TREE_TIPS}]"),
     "fork_trees": (_int_in(0, MAX_TREE_TIPS), f"an integer in [0, {MAX_TREE_TIPS}]"),
     "chain_dists": (lambda v: v in ("always", "auto"), "'always' or 'auto'"),
+    "restart_length": (_int_in(0, MAX_GAMMA), f"an integer in [0, {MAX_GAMMA}] (0 = off)"),
     "draft_reshape": (_real_in(0.0, 1.0, open_low=True), "a number in (0, 1] (1 = off)"),
     "draft_reshape_top": (_int_in(1, MAX_CANDIDATES), f"an integer in [1, {MAX_CANDIDATES}]"),
 }
@@ -265,6 +266,14 @@ class GenerationSettings:
             "otherwise q̂ comes down and the edge draws the token, as in deepspec). auto "
             "chooses by the clock, so a seed's tokens may then differ with the link; the law "
             "does not."
+        ),
+    )
+    restart_length: int = field(
+        default=2,
+        metadata=_help(
+            "deepspec, deepspec-tree, deepspec-x: after a miss (nothing of the edge's left with "
+            "the cloud) the first chain is at most this long, so it leaves sooner and the next "
+            "goes ahead behind it; only while more than one chain may be in flight; 0 = off."
         ),
     )
     # The draft may propose from any law it reports exactly: moving its mass off the tokens a
