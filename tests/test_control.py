@@ -24,6 +24,7 @@ from wanspec.protocols.control import (
     Estimates,
     best_setting,
     chain_seconds,
+    cycle,
     dists_pay,
     fork_saving_s,
     holds_pass,
@@ -96,6 +97,32 @@ def test_more_chains_in_flight_help_until_the_tree_or_the_cloud_binds() -> None:
     assert gaps[-1] >= 0.2 * 0.05 + 0.8 * 0.05 - 1e-9
     cloud_bound = verdict_gap(0.8, tree_s=0.0, verify_s=0.1, chains_in_flight=16, **timing)
     assert cloud_bound >= 0.1 - 1e-9
+
+
+def test_a_restart_after_each_miss_pays_its_own_redraft_and_weighs_its_runs() -> None:
+    """One chain in flight, no tree: every verdict comes W after its chain left, and a miss adds
+    the redraft of the chain after it. With restarts that chain is a restart chain, going on with
+    P = a_r: a run it starts holds 1 + a_r/(1 − a) verdicts against 1/(1 − a), and each run is
+    followed by one with P = the miss share."""
+    a, a_restart, misses, window, redraft = 0.5, 0.8, 0.4, 0.3, 0.05
+    found = cycle(a, window_s=window, tree_s=0.0, redraft_s=0.2, miss_share=misses,
+                  restart_full=a_restart, restart_redraft_s=redraft)  # fmt: skip
+    per_run = (1 - misses) / (1 - a) + misses * (1 + a_restart / (1 - a))
+    assert found.gap_s == pytest.approx(window + misses * redraft / per_run)
+    assert found.restart_share == pytest.approx(misses / per_run)
+    plain = cycle(a, window_s=window, tree_s=0.0, redraft_s=0.2, miss_share=misses)
+    assert plain.restart_share == 0
+    assert plain.gap_s == pytest.approx(window + misses * 0.2 * (1 - a))
+
+
+def test_the_model_prices_a_restart_only_where_chains_go_ahead() -> None:
+    """A restart chain shorter than γ with D > 1: at α = 0.6 and a window long beside the draft
+    steps the model finds it faster (the redraft overlaps the window); with one chain in flight,
+    or a restart as long as γ, there is none."""
+    est = _est(0.6, window_s=0.3, tree_pass_s=0.04, draft_s=0.04, miss_share=0.3, verify_s=0.15)
+    assert modelled_rate(4, est, 2, restart=2) > 1.01 * modelled_rate(4, est, 2)
+    assert modelled_rate(4, est, 1, restart=2) == modelled_rate(4, est, 1)
+    assert modelled_rate(4, est, 2, restart=4) == modelled_rate(4, est, 2)
 
 
 # ----------------------------------------------------------------------------- the choice
@@ -314,9 +341,11 @@ def test_forks_taken_keep_the_chains_short() -> None:
     assert plain.estimates().fork_share_of_hits == 0.0
     assert forked.estimates().fork_share_of_hits == pytest.approx(20 / 41)  # one pseudo-hit
     assert forked.next_gamma() < plain.next_gamma()
-    est = forked.estimates()
-    for gamma in range(1, 9):
-        assert modelled_rate(gamma, est, 2) > modelled_rate(gamma, plain.estimates(), 2)
+    est, none = forked.estimates(), plain.estimates()
+    rates = [(modelled_rate(g, est, 2), modelled_rate(g, none, 2)) for g in range(1, 9)]
+    assert all(with_forks > without for with_forks, without in rates[:-1])
+    # at γ = 8 the tree (8 passes of 40 ms) outlasts the 300 ms window: every chain waits for it
+    assert rates[-1][0] == pytest.approx(rates[-1][1])
 
 
 def test_a_fork_taken_must_be_a_hit() -> None:
@@ -478,6 +507,7 @@ def test_deepspec_tree_auto_feeds_its_forks_and_its_handshake(shared_world: Worl
     assert ctl.rejections - ctl.misses >= ctl.forks
     assert rtt <= ctl.round_trip_s < rtt + 0.01  # Hello up and HelloAck down, at 10 Mbit/s
     assert ctl.holdable_passes < ctl.ahead_passes
+    assert ctl.restart == GenerationSettings().restart_length  # the model prices the restarts
 
 
 def test_a_chain_carries_its_dists_where_the_forks_save_more_than_they_take() -> None:

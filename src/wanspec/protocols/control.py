@@ -25,6 +25,10 @@ analysis (docs/METHODS.md), checked against the simulator on the i.i.d. syntheti
 - a rejection whose branch went up as a fork (`deepspec-tree`) is no end of the run: the cloud
   verifies the fork at once, as it would the continuation after a full acceptance, so the run
   goes on with P = α^γ + (1 − α^γ)·P(fork | rejection), and only the other rejections hit or miss.
+- with more than one chain in flight the run after a miss starts with a shorter chain of k
+  (`restart_length`): drafted in k·T_draft, going on with α^k, committing E[L](k). Runs start on
+  time, late or with such a chain: the stationary shares of a Markov chain over the runs' starts
+  weigh them, and the share of verdicts on restart chains weighs their tokens.
 
 The chosen γ and D change only the time, never the tokens: a pipeline's draws are keyed by output
 position (SPEC's Randomness clause), so a seed gives the same tokens at every γ and D.
@@ -35,6 +39,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from wanspec.protocols.budget import ALPHA_MAX, ALPHA_MIN, PRIOR_ALPHA, Ewma
 
@@ -93,7 +98,31 @@ def tokens_per_chain(alpha: float, gamma: int) -> float:
     return (1 - alpha**gamma) / (1 - alpha)
 
 
-def verdict_gap(
+@dataclass(frozen=True)
+class Cycle:
+    """The pipeline's steady state: E[T] between two verdicts, and the share of verdicts that
+    are on a chain restarting after a miss (shorter than γ)."""
+
+    gap_s: float
+    restart_share: float = 0.0
+
+
+class _Run(NamedTuple):
+    """One run of chains, from its first chain leaving to the next run's: E[time], E[verdicts],
+    P(the next run starts late) and the mean lateness then."""
+
+    seconds: float
+    verdicts: float
+    p_late: float
+    late_s: float
+
+
+def verdict_gap(full: float, **timing: Any) -> float:
+    """E[T] between two verdicts (`cycle`'s)."""
+    return cycle(full, **timing).gap_s
+
+
+def cycle(
     full: float,
     *,
     window_s: float,
@@ -105,30 +134,67 @@ def verdict_gap(
     pass_s: float = 0.0,
     live: float | None = None,
     holdable: float = 1.0,
-) -> float:
+    restart_full: float | None = None,
+    restart_redraft_s: float = 0.0,
+) -> Cycle:
     """E[T] between two verdicts (see the module doc): `full` = P(a chain is accepted whole, or
     goes on as a fork taken), `tree_s` = τ, `redraft_s` = γ·T_draft, `miss_share` = misses per
     rejection, `pass_s` = one tree pass (0: the edge's passes are not priced), `live` = P(a
     chain sent ahead stays live at the verdict before it) as the edge's `holds_pass` prices it
-    (default `full`), `holdable` = the share of such a chain's passes the edge may hold."""
+    (default `full`), `holdable` = the share of such a chain's passes the edge may hold. With
+    `restart_full` every miss is followed by a shorter chain (`restart_length`), drafted in
+    `restart_redraft_s` and accepted whole (or going on) with P = `restart_full`."""
     if not 0 <= full < 1:
         raise ValueError(f"P(full acceptance) must be in [0, 1), got {full}")
-    timing = dict(window_s=window_s, tree_s=tree_s, redraft_s=redraft_s, miss_share=miss_share,
+    restarts = restart_full is not None
+    timing = dict(window_s=window_s, tree_s=tree_s, miss_share=miss_share,
+                  redraft_s=restart_redraft_s if restarts else redraft_s,
                   chains_in_flight=chains_in_flight, verify_s=verify_s, pass_s=pass_s,
                   live=full if live is None else live, holdable=holdable)  # fmt: skip
-    # a run starts on time, or after a hit whose tree waits behind a stale pass (`late`): a
-    # two-state chain over the runs' starts, the late one at the mean wait the first leaves
-    gap_on_time, p_late, late = _run_gap(full, 0.0, **timing)
-    if p_late == 0:
-        return gap_on_time
-    gap_late, p_stay, _ = _run_gap(full, late, **timing)
-    share_late = p_late / (1.0 - p_stay + p_late)  # the stationary share of late starts
-    return (1.0 - share_late) * gap_on_time + share_late * gap_late
+    # a run starts on time, after a hit whose tree waits behind a stale pass (late, at the mean
+    # wait the on-time runs leave), or with a restart chain after a miss: a Markov chain over
+    # the runs' starts
+    on_time = _run_gap(full, 0.0, full, **timing)
+    runs = [on_time]
+    if restarts:
+        runs.append(_run_gap(full, 0.0, min(restart_full, ALPHA_MAX), **timing))
+    late_s = next((run.late_s for run in runs if run.p_late), 0.0)
+    if late_s:
+        runs.append(_run_gap(full, late_s, full, **timing))
+    shares = _stationary(runs, miss_share if restarts else 0.0, late_s > 0)
+    seconds = sum(p * run.seconds for p, run in zip(shares, runs, strict=True))
+    verdicts = sum(p * run.verdicts for p, run in zip(shares, runs, strict=True))
+    return Cycle(seconds / verdicts, shares[1] / verdicts if restarts else 0.0)
+
+
+def _stationary(runs: list[_Run], p_restart: float, lates: bool) -> list[float]:
+    """The stationary shares of the runs' kinds (on time, then restart, then late, those there
+    are): each run is followed by a restart with P = `p_restart` (a miss), by a late start
+    with its own `p_late`, else by an on-time one."""
+    n = len(runs)
+    restart, late = (1 if p_restart else None), (n - 1 if lates else None)
+    rows = []
+    for run in runs:
+        row = [0.0] * n
+        if restart is not None:
+            row[restart] += p_restart
+        if late is not None:
+            row[late] += run.p_late
+        row[0] += 1.0 - sum(row)
+        rows.append(row)
+    shares = [1.0 / n] * n
+    for _ in range(10_000):  # a few steps: every kind returns to on time with P ≥ 1 − misses
+        nxt = [sum(shares[i] * rows[i][j] for i in range(n)) for j in range(n)]
+        if max(abs(a - b) for a, b in zip(nxt, shares, strict=True)) < 1e-13:
+            return nxt
+        shares = nxt
+    return shares
 
 
 def _run_gap(
     full: float,
     late: float,
+    first: float,
     *,
     window_s: float,
     tree_s: float,
@@ -139,16 +205,17 @@ def _run_gap(
     pass_s: float,
     live: float,
     holdable: float,
-) -> tuple[float, float, float]:
-    """E[T] per verdict over a run whose first tree starts `late` after its chain left; the
-    probability that the run leaves the next run's first tree waiting (a hit sends its chain at
-    once, but its tree queues behind a pass still drafting the stale chain sent ahead), and the
-    mean wait then."""
+) -> _Run:
+    """One run whose first tree starts `late` after its chain left and whose first chain goes on
+    with P = `first` (a restart chain's), each later one with P = `full`; it ends at a rejected
+    chain, whose verdict a hit follows once its tree is drafted and a miss after a redraft. The
+    next run may start late: a hit sends its chain at once, but its tree queues behind a pass
+    still drafting the stale chain sent ahead."""
     drafted: list[float] = []
     verdicts: list[float] = []
-    expected, weight = 0.0, 1.0 - full  # P(the run ends at chain k) = a^k (1 − a)
-    p_late = waits = 0.0
-    while weight > 1e-12 * (1.0 - full) and len(verdicts) < RUN_LIMIT:
+    seconds = count = p_late = waits = 0.0
+    reach = 1.0  # P(the run gets to chain k)
+    while reach > 1e-12 and len(verdicts) < RUN_LIMIT:
         k = len(verdicts)
         leave = 0.0 if k == 0 else drafted[-1]
         if k >= chains_in_flight:
@@ -166,13 +233,15 @@ def _run_gap(
             ahead = max(ahead, verdicts[k + 1 - chains_in_flight])
         busy = _pass_left(verdict, drafted[k], ahead, tree_s, pass_s, live, holdable)
         hit, miss = max(verdict, drafted[k]), verdict + busy + redraft_s
-        expected += weight * ((1.0 - miss_share) * hit + miss_share * miss)
+        goes_on = first if k == 0 else full
+        end = reach * (1.0 - goes_on)  # P(the run ends at chain k)
+        seconds += end * ((1.0 - miss_share) * hit + miss_share * miss)
+        count += end * (k + 1)
         if ahead < verdict and busy > 0:  # a stale chain's pass: the hit's tree waits for it
-            p_late += weight * (1.0 - miss_share)
-            waits += weight * (1.0 - miss_share) * busy
-        weight *= full
-    # per verdict: a run holds E[K] = 1/(1 − a) of them
-    return (1.0 - full) * expected, p_late, waits / p_late if p_late else 0.0
+            p_late += end * (1.0 - miss_share)
+            waits += end * (1.0 - miss_share) * busy
+        reach *= goes_on
+    return _Run(seconds, count, p_late, waits / p_late if p_late else 0.0)
 
 
 def _pass_left(
@@ -228,13 +297,20 @@ class Estimates:
         return (1.0 - self.miss(gamma)) * self.fork_share_of_hits
 
 
-def chain_seconds(gamma: int, est: Estimates, chains_in_flight: int = 1) -> float:
-    """E[T] between two verdicts at draft length γ with D chains in flight."""
+def chain_cycle(gamma: int, est: Estimates, chains_in_flight: int = 1, restart: int = 0) -> Cycle:
+    """The cycle at draft length γ with D chains in flight; with `restart` (`restart_length`,
+    0 = off) each miss is followed by a chain that long, where more than one is in flight."""
     alpha = min(max(est.alpha, ALPHA_MIN), ALPHA_MAX)
-    full, fork = alpha**gamma, est.fork(gamma)
+
+    def goes_on(length: int) -> float:  # accepted whole, or a fork taken (a whole chain too)
+        full = alpha**length
+        return min(full + (1.0 - full) * est.fork(gamma), ALPHA_MAX)
+
+    fork = est.fork(gamma)
     rest = 1.0 - fork  # the rejections left to the tree lookup
-    return verdict_gap(
-        min(full + (1.0 - full) * fork, ALPHA_MAX),  # a fork taken goes on as a whole chain
+    restarts = chains_in_flight > 1 and 0 < restart < gamma
+    return cycle(
+        goes_on(gamma),
         window_s=est.window_s,
         tree_s=gamma * est.tree_pass_s,
         redraft_s=gamma * est.draft_s,
@@ -242,15 +318,27 @@ def chain_seconds(gamma: int, est: Estimates, chains_in_flight: int = 1) -> floa
         chains_in_flight=chains_in_flight,
         verify_s=est.verify_s,
         pass_s=est.tree_pass_s,
-        live=full,
+        live=alpha**gamma,
         holdable=est.holdable,
+        restart_full=goes_on(restart) if restarts else None,
+        restart_redraft_s=restart * est.draft_s,
     )
 
 
-def modelled_rate(gamma: int, est: Estimates, chains_in_flight: int = 1) -> float:
-    """Tokens per second the model predicts at (γ, D)."""
-    seconds = chain_seconds(gamma, est, chains_in_flight)
-    return tokens_per_chain(est.alpha, gamma) / seconds if seconds > 0 else math.inf
+def chain_seconds(gamma: int, est: Estimates, chains_in_flight: int = 1, restart: int = 0) -> float:
+    """E[T] between two verdicts at draft length γ with D chains in flight."""
+    return chain_cycle(gamma, est, chains_in_flight, restart).gap_s
+
+
+def modelled_rate(gamma: int, est: Estimates, chains_in_flight: int = 1, restart: int = 0) -> float:
+    """Tokens per second the model predicts at (γ, D): per verdict, a chain of γ's tokens, or a
+    restart chain's in the share of verdicts that are on one."""
+    found = chain_cycle(gamma, est, chains_in_flight, restart)
+    share = found.restart_share
+    tokens = (1 - share) * tokens_per_chain(est.alpha, gamma)
+    if share:
+        tokens += share * tokens_per_chain(est.alpha, restart)
+    return tokens / found.gap_s if found.gap_s > 0 else math.inf
 
 
 def best_setting(
@@ -259,6 +347,7 @@ def best_setting(
     depths: Sequence[int],
     est: Estimates,
     switch_gain: float = SWITCH_GAIN,
+    restart: int = 0,
 ) -> tuple[int, int]:
     """The (γ, D) among the candidates with the most modelled tokens per second, or `current`
     unless that beats it by more than `switch_gain` (a change of D alone needs no margin: no
@@ -269,7 +358,7 @@ def best_setting(
     would not hold."""
     room = TREE_ROOM * est.window_s
     fitting = [g for g in gammas if g * est.tree_pass_s <= room] or list(gammas)
-    rates = {(g, d): modelled_rate(g, est, d) for g in fitting for d in depths}
+    rates = {(g, d): modelled_rate(g, est, d, restart) for g in fitting for d in depths}
     top = max(rates.values())
     best = min((s for s, r in rates.items() if r >= (1 - DEPTH_SLACK) * top),
                key=lambda s: (s[1], -rates[s], s[0]))  # fmt: skip
@@ -277,7 +366,10 @@ def best_setting(
         return best
     if best[0] == current[0]:
         return best
-    now = rates[current] if current in rates else modelled_rate(current[0], est, current[1])
+    if current in rates:
+        now = rates[current]
+    else:
+        now = modelled_rate(current[0], est, current[1], restart)
     return best if rates[best] > (1 + switch_gain) * now else current
 
 
@@ -299,6 +391,7 @@ class ChainController:
     chains_in_flight: int = 1
     adapt_gamma: bool = True
     adapt_depth: bool = False
+    restart: int = 0  # `restart_length`: the chain after a miss, where D > 1 (0 = γ)
     # P(hit | rejection) of the tree for a chain of γ, or None while unknown (the planner's)
     hit_model: Callable[[int], float | None] | None = None
     gamma: int = field(init=False)
@@ -410,7 +503,9 @@ class ChainController:
             # D moves only once the cloud's time per chain is measured (from chains sent ahead)
             free = self.adapt_depth and self.verify_s is not None
             depths = range(1, self.chains_in_flight + 1) if free else [self.depth]
-            self.gamma, self.depth = best_setting((self.gamma, self.depth), gammas, depths, est)
+            self.gamma, self.depth = best_setting(
+                (self.gamma, self.depth), gammas, depths, est, restart=self.restart
+            )
         self.history.append(self.gamma)
         self.depth_history.append(self.depth)
         return self.gamma

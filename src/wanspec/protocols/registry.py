@@ -141,6 +141,7 @@ def make_edge(
                 chains_in_flight=depth,
                 adapt_gamma=settings.adaptive_gamma,
                 adapt_depth=settings.adaptive_depth,
+                restart=settings.restart_length,
                 hit_model=None if planner is None else planner.expected_hit,
             )
             if settings.adaptive_gamma or settings.adaptive_depth
