@@ -637,6 +637,23 @@ def test_forks_leave_a_slow_uplink_mostly_to_the_chains(seed: int) -> None:
     assert stats.get("forks_sent", 0) < 20, stats
 
 
+def test_small_chains_on_a_fast_link_do_not_keep_their_dists_behind() -> None:
+    """150 ms at 100 Mbit/s (α = 0.6), a chain of one token after each miss: the chains sent
+    alone were so small that their windows fitted every rate down to 25 kbit/s alike, and priced
+    there a chain's p̃ never paid, so no chain carried the bits that would have corrected the
+    fit, and no fork went on (1 taken in 29 rounds). A rate the windows do not pin down prices
+    nothing: the p̃ goes, and forks are taken."""
+    seed = 4
+    stats = wanspec.generate(
+        synthetic_pair(0.6, seed), f"Question {seed}:", "deepspec-tree",
+        link=Link(bandwidth_bps=1e8, rtt_s=0.15), edge_profile="edge-orin",
+        cloud_profile="cloud-a100x4-70b", gamma=4, restart_length=1, max_new_tokens=48,
+        seed=seed, top_p=1.0,
+    ).stats  # fmt: skip
+    assert stats.get("chains_plain", 0) < 0.2 * stats["rounds"], stats
+    assert stats.get("forks_taken", 0) > 0.2 * stats["rounds"], stats
+
+
 def test_a_fork_taken_with_its_tree_drafted_sends_its_forks_as_the_uplink_allows(
     shared_world: World,
 ) -> None:

@@ -52,6 +52,28 @@ def test_windows_that_cannot_tell_rates_apart_give_the_slowest_they_allow() -> N
     assert model.rate_bps() == min(r for r in RATES_BPS if 10_000 / r <= 0.05)
 
 
+@pytest.mark.parametrize("rate", [5e4, 1e6, 2.3e7])
+def test_windows_behind_bursts_pin_the_rate_down(rate: float) -> None:
+    model = UplinkModel()
+    _true_windows(rate, 0.35, model)
+    assert model.pinned_rate_bps() == model.rate_bps()
+
+
+def test_small_chains_on_a_fast_link_leave_the_rate_unpinned() -> None:
+    """Chains of a few hundred bits on a 100 Mbit/s link: their windows fit every rate down to
+    the one that would fill a window alike, and the slowest of those (what forks are held to)
+    is a thousandth of the link's. Priced at it, a chain's p̃ looked too dear to send, so no
+    window ever carried enough bits to correct it: no rate is pinned down."""
+    model, t = UplinkModel(), 0.0
+    for bits, verdict in ((160, 64), (300, 320), (160, 64), (230, 320)):
+        window = bits / 1e8 + 0.3 + verdict / 1e8
+        model.answered(model.sent(t, bits), t, window, verdict_bits=verdict)
+        t += 10.0
+    slowest = model.rate_bps()
+    assert slowest is not None and slowest < 1e6
+    assert model.pinned_rate_bps() is None
+
+
 def test_a_rate_that_would_make_a_window_too_short_is_never_fitted() -> None:
     """These two windows have equal rests only at ≈ 497 kbit/s, where the first chain's own
     transmission (2 ms) would outlast its window (1 ms): a negative rest rules that rate out."""

@@ -349,17 +349,19 @@ class PipelineEdge(SpecEdge):
         p̃ (one pseudo-fork in two pseudo-rejections: the first chains try them out), each
         saving a round trip (the handshake's, less its own sending: `fork_saving_s`; else
         the window), save more time than the p̃ takes on the uplink at its measured rate
-        (`dists_pay`; nothing before the rate is known). A chain sent alone goes without it
-        until a chain was sent ahead after the first verdict: its forks would go up once its
-        tree is drafted before its verdict, which is when a chain is sent ahead too; where that
-        never happens (a short window) the run is `deepspec`'s. The first window does not
-        count: the cloud's prefill runs in it, so a chain may go ahead then where none will
-        later."""
+        (`dists_pay`). Nothing is priced while the windows do not pin the rate down, which
+        small messages on a fast link never do: priced at the slowest rate they fit alike, the
+        p̃ would stay behind and no window would carry enough bits to correct it. A chain sent
+        alone goes without it until a chain was sent ahead after the first verdict: its forks
+        would go up once its tree is drafted before its verdict, which is when a chain is sent
+        ahead too; where that never happens (a short window) the run is `deepspec`'s. The
+        first window does not count: the cloud's prefill runs in it, so a chain may go ahead
+        then where none will later."""
         if not self.scheme.chooses_dists or self.settings.chain_dists != "auto":
             return False
         assert self.planner is not None and self.uplink is not None  # every such edge has them
         counts = self.counters
-        window, rate = self.planner.window.value, self.uplink.rate_bps()
+        window, rate = self.planner.window.value, self.uplink.pinned_rate_bps()
         if window is None or (alone and not self.went_ahead):
             return True
         fork_share = (counts.get("forks_taken", 0) + 1) / (counts.get("dists_rejections", 0) + 2)

@@ -22,6 +22,10 @@ RATES_BPS = np.geomspace(1e4, 1e11, 71)  # the rates tried: 10 kbit/s … 100 Gb
 EXCHANGES = 32  # the windows kept
 KNOWN_AFTER = 2  # windows before the fit is trusted: one window fits every rate alike
 RELATIVE_SLACK = 1e-3  # rates fitting within this of the best count as ties (the slowest wins)
+# the windows tell the rate apart only while the rates fitting them alike (the ties) span at most
+# this factor: messages that take no measurable time at any rate tie every rate down to the
+# slowest that leaves no window too short
+PINNED_SPAN = 10.0
 
 
 @dataclass
@@ -36,6 +40,7 @@ class UplinkModel:
     rests: deque[np.ndarray] = field(default_factory=lambda: deque(maxlen=EXCHANGES))
     verdict_bits: deque[int] = field(default_factory=lambda: deque(maxlen=EXCHANGES))
     fitted: int | None = None  # the index in RATES_BPS of the fitted rate
+    fastest_tie: int | None = None  # the index of the fastest rate fitting as well
 
     def sent(self, at: float, bits: int) -> np.ndarray:
         """Log a message given to the link at `at`; its ticket, for `answered`."""
@@ -49,9 +54,9 @@ class UplinkModel:
         later."""
         self.rests.append(seconds - (ticket - sent_at))
         self.verdict_bits.append(verdict_bits)
-        self.fitted = self._fit()
+        self.fitted, self.fastest_tie = self._fit()
 
-    def _fit(self) -> int:
+    def _fit(self) -> tuple[int, int]:
         """The rate whose rests (window less wait and transmission) vary least among those
         that leave none negative; among ties the slowest: windows that never waited cannot
         tell fast rates apart, and a rate guessed too fast floods the uplink with forks (a
@@ -68,13 +73,23 @@ class UplinkModel:
         best = spread.min()
         noise = float(np.std(self.verdict_bits)) / RATES_BPS
         ties = np.flatnonzero(spread <= best + RELATIVE_SLACK * max(best, 1e-12) + noise)
-        return int(ties.min())
+        return int(ties.min()), int(ties.max())
 
     def rate_bps(self) -> float | None:
         """The fitted rate (None before `KNOWN_AFTER` windows were seen)."""
         if self.fitted is None or len(self.rests) < KNOWN_AFTER:
             return None
         return float(RATES_BPS[self.fitted])
+
+    def pinned_rate_bps(self) -> float | None:
+        """The fitted rate where the windows pin it down (their ties span at most
+        `PINNED_SPAN`), else None. The slowest tie is safe for what may flood the uplink, but a
+        price at it may be far too high: small messages on a fast link tie every rate down to
+        the slowest that leaves no window too short."""
+        rate = self.rate_bps()
+        if rate is None or self.fastest_tie is None:
+            return None
+        return rate if RATES_BPS[self.fastest_tie] <= PINNED_SPAN * rate else None
 
     def room_bits(self, at: float, within_s: float) -> float | None:
         """Bits that, given to the link at `at`, are through it by `at + within_s` behind what is
