@@ -5,8 +5,9 @@ verdict came back. Under an uplink of rate r each message leaves once those befo
 out, so a chain's window is its wait behind earlier sends, its own transmission and a constant
 rest (the round trip, the verification, the verdict's way down). The fitted r is the one under
 which those rests vary least (`UplinkModel.rate_bps`), up to what the verdicts' sizes make them
-vary on the way down. `deepspec-tree` sends a tree's forks only while the uplink can carry them
-before the next chain leaves, so they never delay it.
+vary on the way down, the slowest of those that fit alike. `deepspec-tree` sends a tree's forks
+only while the uplink, at that rate, can carry them before the next chain leaves, so they never
+delay it; it prices a chain's p̃ only at a rate the windows pin down (`pinned_rate_bps`).
 
 Pure: times are the driver's clock, passed in.
 """
