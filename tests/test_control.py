@@ -14,6 +14,7 @@ import math
 import pytest
 from click.testing import CliRunner
 
+from wanspec.protocols.budget import ALPHA_MAX
 from wanspec.protocols.control import (
     DEPTH_SLACK,
     START_DEPTH,
@@ -23,6 +24,7 @@ from wanspec.protocols.control import (
     ChainController,
     Estimates,
     best_setting,
+    chain_cycle,
     chain_seconds,
     cycle,
     dists_pay,
@@ -123,6 +125,67 @@ def test_the_model_prices_a_restart_only_where_chains_go_ahead() -> None:
     assert modelled_rate(4, est, 2, restart=2) > 1.01 * modelled_rate(4, est, 2)
     assert modelled_rate(4, est, 1, restart=2) == modelled_rate(4, est, 1)
     assert modelled_rate(4, est, 2, restart=4) == modelled_rate(4, est, 2)
+
+
+def test_a_chain_always_accepted_whole_has_no_cycle() -> None:
+    """P(full) = 1 never ends a run: the analysis refuses it rather than loop to its limit."""
+    with pytest.raises(ValueError, match="full acceptance"):
+        cycle(1.0, window_s=0.3, tree_s=0.06, redraft_s=0.08, miss_share=0.5)
+
+
+def test_the_chain_cycle_reads_each_estimate_at_its_own_draft_length() -> None:
+    """At γ = 4 with D = 2 and a one-token restart: the miss share of γ's tree (not the default),
+    less the forks among the rejections; P(go on) of a chain and of the restart chain, each with
+    its forks; a chain sent ahead stays live with P = α^γ (a fork taken does not keep it); the
+    edge's holdable share; the restart's redraft of one step."""
+    alpha, draft = 0.6, 0.04
+    est = Estimates(alpha=alpha, window_s=0.3, tree_pass_s=0.03, draft_s=draft, miss_share=0.9,
+                    verify_s=0.15, miss_by_gamma={1: 0.05, 4: 0.4}, fork_share_of_hits=0.5,
+                    holdable=0.5)  # fmt: skip
+    fork = (1 - 0.4) * 0.5
+    by_hand = cycle(
+        alpha**4 + (1 - alpha**4) * fork,
+        window_s=0.3,
+        tree_s=4 * 0.03,
+        redraft_s=4 * draft,
+        miss_share=0.4 / (1 - fork),
+        chains_in_flight=2,
+        verify_s=0.15,
+        pass_s=0.03,
+        live=alpha**4,
+        holdable=0.5,
+        restart_full=alpha + (1 - alpha) * fork,
+        restart_redraft_s=draft,
+    )
+    assert chain_cycle(4, est, 2, restart=1) == by_hand
+    assert by_hand.restart_share > 0
+    # the defaults: one chain in flight, no restart chain
+    assert chain_cycle(4, est) == chain_cycle(4, est, 1, 0)
+    assert chain_cycle(4, est) != chain_cycle(4, est, 2, 0)
+    assert chain_cycle(4, est, 2).restart_share == 0
+
+
+def test_rejections_all_taken_as_forks_leave_no_miss_to_redraft() -> None:
+    est = Estimates(alpha=0.5, window_s=0.3, tree_pass_s=0.04, draft_s=0.04, miss_share=0.0,
+                    fork_share_of_hits=1.0)  # fmt: skip
+    by_hand = cycle(ALPHA_MAX, window_s=0.3, tree_s=0.12, redraft_s=0.12, miss_share=0.0,
+                    chains_in_flight=2, pass_s=0.04, live=0.125)  # fmt: skip
+    assert chain_cycle(3, est, 2) == by_hand
+
+
+def test_the_modelled_rate_weighs_the_restart_chains_tokens_by_their_share() -> None:
+    est = _est(0.6, window_s=0.3, tree_pass_s=0.04, draft_s=0.04, miss_share=0.3, verify_s=0.15)
+    found = chain_cycle(4, est, 2, restart=2)
+    share = found.restart_share
+    tokens = (1 - share) * tokens_per_chain(0.6, 4) + share * tokens_per_chain(0.6, 2)
+    assert 0 < share < 1
+    assert modelled_rate(4, est, 2, restart=2) == pytest.approx(tokens / found.gap_s, rel=1e-12)
+    assert modelled_rate(4, est) == pytest.approx(tokens_per_chain(0.6, 4) / chain_seconds(4, est))
+
+
+def test_a_cycle_that_costs_nothing_is_modelled_as_unbounded_not_divided_by_zero() -> None:
+    free = _est(0.6, window_s=0.0, tree_pass_s=0.0, draft_s=0.0)
+    assert modelled_rate(3, free, 2) == math.inf
 
 
 # ----------------------------------------------------------------------------- the choice
