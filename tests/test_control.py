@@ -10,6 +10,7 @@ more or fewer chains sent ahead).
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from click.testing import CliRunner
@@ -139,19 +140,19 @@ def test_the_chain_cycle_reads_each_estimate_at_its_own_draft_length() -> None:
     its forks; a chain sent ahead stays live with P = α^γ (a fork taken does not keep it); the
     edge's holdable share; the restart's redraft of one step."""
     alpha, draft = 0.6, 0.04
-    est = Estimates(alpha=alpha, window_s=0.3, tree_pass_s=0.03, draft_s=draft, miss_share=0.9,
+    est = Estimates(alpha=alpha, window_s=0.3, tree_pass_s=0.04, draft_s=draft, miss_share=0.9,
                     verify_s=0.15, miss_by_gamma={1: 0.05, 4: 0.4}, fork_share_of_hits=0.5,
                     holdable=0.5)  # fmt: skip
     fork = (1 - 0.4) * 0.5
     by_hand = cycle(
         alpha**4 + (1 - alpha**4) * fork,
         window_s=0.3,
-        tree_s=4 * 0.03,
+        tree_s=4 * 0.04,
         redraft_s=4 * draft,
         miss_share=0.4 / (1 - fork),
         chains_in_flight=2,
         verify_s=0.15,
-        pass_s=0.03,
+        pass_s=0.04,
         live=alpha**4,
         holdable=0.5,
         restart_full=alpha + (1 - alpha) * fork,
@@ -159,6 +160,8 @@ def test_the_chain_cycle_reads_each_estimate_at_its_own_draft_length() -> None:
     )
     assert chain_cycle(4, est, 2, restart=1) == by_hand
     assert by_hand.restart_share > 0
+    # here a stale pass meets a rejection's verdict, so the holdable share shows in the cycle
+    assert chain_cycle(4, replace(est, holdable=1.0), 2, restart=1) != by_hand
     # the defaults: one chain in flight, no restart chain
     assert chain_cycle(4, est) == chain_cycle(4, est, 1, 0)
     assert chain_cycle(4, est) != chain_cycle(4, est, 2, 0)
