@@ -118,6 +118,38 @@ def test_a_restart_after_each_miss_pays_its_own_redraft_and_weighs_its_runs() ->
     assert plain.gap_s == pytest.approx(window + misses * 0.2 * (1 - a))
 
 
+def test_a_hit_behind_a_stale_pass_starts_the_next_run_late() -> None:
+    """D = 2, every chain rejected, passes never held (40 ms, half left on average): chain 1's
+    tree (290 ms) is drafted before its verdict (300 ms), so the chain sent ahead is in its
+    first pass then. A miss waits for that pass (20 ms) before its 100 ms redraft; a hit
+    (P = 3/4) sends its branch at once, but the branch's tree waits 20 ms behind the pass, so
+    the next run's tree ends at 310 ms, after its verdict, and a hit waits for it. A run on
+    time takes 3/4·0.30 + 1/4·0.42; a late one 3/4·0.31 + 1/4·(0.30 + 0.01 + 0.10), its stale
+    pass having 10 ms left; a late run follows an on-time one with P = 3/4 and never another
+    late one."""
+    found = cycle(0.0, window_s=0.3, tree_s=0.29, redraft_s=0.1, miss_share=0.25,
+                  chains_in_flight=2, pass_s=0.04, holdable=0.0)  # fmt: skip
+    on_time, late = 0.75 * 0.30 + 0.25 * 0.42, 0.75 * 0.31 + 0.25 * 0.41
+    assert found.gap_s == pytest.approx((on_time + 0.75 * late) / 1.75)
+
+
+def test_a_held_pass_delays_each_chain_of_a_run_by_its_expected_wait() -> None:
+    """D = 2, the tree (200 ms) shorter than the window (300 ms), a = 1/2, each pass holdable
+    and held for the verdict with P = (1 − live)² = 1/4 (half a 40 ms pass, 5 ms on average):
+    chain k ≥ 1 leaves d = 205 ms after chain k − 1, its verdict W after it left. A rejection
+    finds the stale chain's pass with b = live²·20 ms = 5 ms left, which a miss waits for; a
+    hit's tree waits for it too, so the next run starts b late, which shifts its chains k ≥ 1.
+    With P(run ends at k) = a^k(1 − a): E[verdict] = (1 − a)·W + a·(τ + W) + d·a²/(1 − a)
+    per run of 1/(1 − a) verdicts; a late run adds b·a and follows each run with P = 3/4."""
+    a, window, tree, miss, redraft = 0.5, 0.3, 0.2, 0.25, 0.1
+    found = cycle(a, window_s=window, tree_s=tree, redraft_s=redraft, miss_share=miss,
+                  chains_in_flight=2, pass_s=0.04, live=0.5, holdable=1.0)  # fmt: skip
+    d, b = tree + 0.005, 0.005
+    on_time = (1 - a) * window + a * (tree + window) + d * a**2 / (1 - a) + miss * (b + redraft)
+    per_run = on_time + 0.75 * b * a
+    assert found.gap_s == pytest.approx(per_run * (1 - a))
+
+
 def test_the_model_prices_a_restart_only_where_chains_go_ahead() -> None:
     """A restart chain shorter than γ with D > 1: at α = 0.6 and a window long beside the draft
     steps the model finds it faster (the redraft overlaps the window); with one chain in flight,

@@ -41,6 +41,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+import numpy as np
+
 from wanspec.protocols.budget import ALPHA_MAX, ALPHA_MIN, PRIOR_ALPHA, Ewma
 
 # A run starts at the default γ and keeps it until the edge has seen this many verdicts: the
@@ -170,25 +172,20 @@ def cycle(
 def _stationary(runs: list[_Run], p_restart: float, lates: bool) -> list[float]:
     """The stationary shares of the runs' kinds (on time, then restart, then late, those there
     are): each run is followed by a restart with P = `p_restart` (a miss), by a late start
-    with its own `p_late`, else by an on-time one."""
+    with its own `p_late`, else by an on-time one. Solved exactly: every kind returns to on
+    time, so the shares are the one solution of π = πP that sums to 1."""
     n = len(runs)
     restart, late = (1 if p_restart else None), (n - 1 if lates else None)
-    rows = []
-    for run in runs:
-        row = [0.0] * n
+    moves = np.zeros((n, n))
+    for row, run in zip(moves, runs, strict=True):
         if restart is not None:
             row[restart] += p_restart
         if late is not None:
             row[late] += run.p_late
-        row[0] += 1.0 - sum(row)
-        rows.append(row)
-    shares = [1.0 / n] * n
-    for _ in range(10_000):  # a few steps: every kind returns to on time with P ≥ 1 − misses
-        nxt = [sum(shares[i] * rows[i][j] for i in range(n)) for j in range(n)]
-        if max(abs(a - b) for a, b in zip(nxt, shares, strict=True)) < 1e-13:
-            return nxt
-        shares = nxt
-    return shares
+        row[0] += 1.0 - row.sum()
+    balance = moves.T - np.eye(n)
+    balance[-1] = 1.0  # one balance equation is redundant: the shares' sum replaces it
+    return np.linalg.solve(balance, np.eye(n)[-1]).tolist()
 
 
 def _run_gap(
