@@ -15,7 +15,8 @@ from dataclasses import replace
 import pytest
 from click.testing import CliRunner
 
-from wanspec.protocols.budget import ALPHA_MAX
+from wanspec.jobs import ComputeCost
+from wanspec.protocols.budget import ALPHA_MAX, tree_budget
 from wanspec.protocols.control import (
     DEPTH_SLACK,
     START_DEPTH,
@@ -24,6 +25,7 @@ from wanspec.protocols.control import (
     WARMUP_CHAINS,
     ChainController,
     Estimates,
+    best_budget,
     best_setting,
     chain_cycle,
     chain_seconds,
@@ -37,12 +39,13 @@ from wanspec.protocols.control import (
 )
 from wanspec.protocols.settings import (
     AUTO_GAMMA_MAX,
+    AUTO_TREE_BUDGET_MAX,
     DEFAULT_GAMMA,
     MAX_CHAINS_IN_FLIGHT,
     GenerationSettings,
 )
 from wanspec.sim import Link
-from worlds import World
+from worlds import FLAT_PROFILE, World
 
 LINK = dict(window_s=0.3, tree_pass_s=0.02, draft_s=0.02, miss_share=0.5)
 
@@ -359,11 +362,96 @@ def test_a_chain_whose_tree_no_longer_fits_is_left_for_any_gain() -> None:
     assert best_setting((4, 1), range(1, 9), [1], est, switch_gain=10.0) == (3, 1)
 
 
+def test_a_fixed_budget_keeps_a_chain_whose_tree_overruns_the_window() -> None:
+    """With the budget chosen by the controller the planner no longer shrinks a tree that
+    overruns the window, so such a γ stays a candidate (and hysteresis holds it)."""
+    est = _est(0.8, window_s=0.157, tree_pass_s=0.041, miss_share=0.1)
+    assert best_setting((4, 1), range(1, 9), [1], est, switch_gain=10.0, budget_fixed=True) == (
+        4,
+        1,
+    )
+
+
+# ----------------------------------------------------------------------------- the tree budget
+
+BUDGETS = (1, 2, 4, 8, 16, 32, 64)
+
+
+def _flat_pass(tips: int) -> float:
+    """An edge like AceSpec's: a pass costs 40 ms up to 16 tips, then 0.3 ms per tip more."""
+    return 0.040 + 0.0003 * max(tips - 16, 0)
+
+
+def _miss(tips: int) -> float:
+    """A tree of one tip (the chain alone) misses every rejection; more tips, ever fewer."""
+    return 1.0 - 0.9 * (1.0 - 1.0 / tips)
+
+
+def test_a_window_shorter_than_the_chain_still_buys_the_tips_a_pass_carries_free() -> None:
+    """γ = 4 passes of 40 ms against a 157 ms window: AceSpec's rule (the most tips whose
+    tree fits the window) drafts no alternative at all, though 16 tips cost what one does; the
+    model takes the most tips a pass carries at no cost, as a miss costs a 160 ms redraft."""
+    est = _est(0.8, window_s=0.157, tree_pass_s=0.040, draft_s=0.040, miss_share=0.5)
+    assert tree_budget(64, 0.157, _flat_pass, 4) == 1
+    chosen = best_budget(1, BUDGETS, (4, 1), est, pass_s=_flat_pass, miss=_miss)
+    assert chosen == 16
+
+
+def test_tips_that_lengthen_every_pass_are_bought_only_while_the_tree_fits() -> None:
+    """Where each tip costs (5 ms) the tree fits a 300 ms window up to 15 tips; beyond, the
+    whole chain waits for the tree to save a few redrafts, so the model agrees with AceSpec's
+    rule (up to the powers of two it chooses among)."""
+    est = _est(0.8, window_s=0.3, tree_pass_s=0.040, draft_s=0.040, miss_share=0.5)
+
+    def costly(tips: int) -> float:
+        return 0.005 * tips
+
+    assert tree_budget(64, 0.3, costly, 4) == 15
+    assert best_budget(1, BUDGETS, (4, 1), est, pass_s=costly, miss=_miss) == 8
+
+
+def test_the_budget_changes_only_for_a_gain() -> None:
+    """16 tips model a hair faster than 8: from 8 the budget stays, from 1 it moves (to 16,
+    the best; among equals the fewest tips would win)."""
+    est = _est(0.8, window_s=0.157, tree_pass_s=0.040, draft_s=0.040, miss_share=0.5)
+    miss = {1: 1.0, 2: 0.5, 4: 0.3, 8: 0.2, 16: 0.199, 32: 0.199, 64: 0.199}.__getitem__
+    assert best_budget(8, BUDGETS, (4, 1), est, pass_s=_flat_pass, miss=miss) == 8
+    assert best_budget(1, BUDGETS, (4, 1), est, pass_s=_flat_pass, miss=miss) == 16
+
+
+def test_the_controller_chooses_the_budget_once_its_hit_model_predicts() -> None:
+    """It starts at `start_budget` and keeps it while the hit model cannot predict (no
+    rejection looked up yet); then it takes the model's best budget and records it."""
+    known = {"captures": False}
+
+    def hits(gamma: int, budget: int | None) -> float | None:
+        return 1.0 - _miss(budget or 16) if known["captures"] else None
+
+    ctl = ChainController(start=4, gamma_max=4, adapt_gamma=False, hit_model=hits,
+                          budgets=BUDGETS, tree_seconds=_flat_pass, start_budget=4)  # fmt: skip
+    ctl.observe_tree_pass(0.040)
+    ctl.observe_draft(0.040)
+    for _ in range(WARMUP_CHAINS):
+        ctl.observe_verdict(1, 4, 0.157)
+    assert ctl.next_gamma() == 4 and ctl.budget == 4
+    known["captures"] = True
+    assert ctl.next_gamma() == 4 and ctl.budget == 16
+    assert ctl.budget_history == [4, 16]
+
+
+def test_the_controller_refuses_budgets_it_cannot_price() -> None:
+    with pytest.raises(ValueError, match="pass cost and a hit model"):
+        ChainController(start=4, gamma_max=4, budgets=BUDGETS, hit_model=lambda g, b: 0.5)
+    with pytest.raises(ValueError, match="start budget 16 not among"):
+        ChainController(start=4, gamma_max=4, budgets=(1, 2, 4), tree_seconds=_flat_pass,
+                        hit_model=lambda g, b: 0.5)  # fmt: skip
+
+
 def test_the_hit_model_keeps_chains_short_when_long_trees_would_miss() -> None:
     """At one budget a longer chain spreads its alternatives thinner: with the planner's hit
     model each candidate γ pays its own tree's misses, not the ones measured at the current γ."""
     plain = ChainController(start=4, gamma_max=8)
-    thin = ChainController(start=4, gamma_max=8, hit_model=lambda g: max(0.0, 1.1 - 0.15 * g))
+    thin = ChainController(start=4, gamma_max=8, hit_model=lambda g, _: max(0.0, 1.1 - 0.15 * g))
     for ctl in (plain, thin):
         ctl.observe_tree_pass(0.01)
         ctl.observe_draft(0.1)  # a miss costs a slow redraft
@@ -509,6 +597,15 @@ def test_chains_in_flight_auto_is_an_upper_limit_and_a_switch() -> None:
         GenerationSettings(chains_in_flight="many")
 
 
+def test_tree_budget_auto_is_an_upper_limit_and_a_switch() -> None:
+    auto = GenerationSettings(tree_budget="auto")
+    assert (auto.tree_budget, auto.adaptive_budget) == (AUTO_TREE_BUDGET_MAX, True)
+    assert GenerationSettings.from_dict(auto.to_dict()) == auto
+    assert not GenerationSettings().adaptive_budget
+    with pytest.raises(ValueError, match="tree_budget"):
+        GenerationSettings(tree_budget="wide")
+
+
 def test_gamma_auto_on_the_command_line() -> None:
     from wanspec.cli import main
 
@@ -528,6 +625,24 @@ def test_chains_in_flight_auto_is_refused_where_no_chain_is_sent_ahead(
 ) -> None:
     with pytest.raises(ValueError, match="sends chains ahead"):
         shared_world.machines("acespec", chains_in_flight="auto")
+
+
+@pytest.mark.parametrize(
+    ("method", "settings", "refusal"),
+    [("sd", {}, "pipeline with a tree"), ("picospec", {}, "pipeline with a tree"),
+     ("acespec", {"tree_fixed": True}, "tree_fixed would hold it")],
+)  # fmt: skip
+def test_tree_budget_auto_is_refused_where_there_is_no_budget_to_choose(
+    shared_world: World, method: str, settings: dict, refusal: str
+) -> None:
+    with pytest.raises(ValueError, match=refusal):
+        shared_world.machines(method, _pass_seconds, tree_budget="auto", **settings)
+
+
+def test_tree_budget_auto_is_refused_without_a_pass_cost(shared_world: World) -> None:
+    """A live edge has no latency profile: it cannot price a budget, and says so."""
+    with pytest.raises(ValueError, match="pass cost per tips"):
+        shared_world.machines("acespec", tree_budget="auto")
 
 
 # ----------------------------------------------------------------------------- on the simulator
@@ -566,6 +681,33 @@ def test_auto_chains_in_flight_give_the_tokens_of_one_chain_in_flight(
     # at a fixed γ some run really changed how many chains it kept in flight (with γ free the
     # controller may find long chains, rarely accepted whole, better than more of them)
     assert varied or gamma == "auto"
+
+
+def _pass_seconds(tips: int) -> float:
+    """The tests' flat profile's tree pass (`worlds.FLAT_PROFILE`)."""
+    return FLAT_PROFILE.seconds(ComputeCost("tree", n=tips))
+
+
+@pytest.mark.parametrize(("method", "gamma"), [("acespec", "auto"), ("deepspec-tree", 4)])
+def test_auto_tree_budget_gives_the_tokens_of_a_fixed_budget(
+    shared_world: World, method: str, gamma: int | str
+) -> None:
+    """The budget the controller picks per chain shapes the trees (each drafts the budget
+    chosen for it), never the tokens: on a window shorter than the chain's passes (2 ms) and a
+    long one, some run drafts trees of several budgets."""
+    varied = 0
+    for seed, rtt in [(0, 0.002), (1, 0.3), (2, 0.002)]:
+        link = Link(bandwidth_bps=1e7, rtt_s=rtt)
+        settings = dict(seed=seed, max_new_tokens=48, temperature=1.2)
+        fixed, _, _ = shared_world.run(method, link=link, gamma=DEFAULT_GAMMA, **settings)
+        auto, edge, cloud = shared_world.run(method, link=link, gamma=gamma, tree_budget="auto",
+                                             tree_seconds=_pass_seconds, **settings)  # fmt: skip
+        assert auto.tokens == fixed.tokens
+        assert len(edge.accepted_per_round) == cloud.counters["rounds"]
+        tips = {sum(entry["fanout"]) + 1 for entry in edge.rounds_log}  # each tree's budget
+        assert tips <= set(edge.controller.budget_history)
+        varied += len(tips) > 1
+    assert varied  # some run really drafted trees of several budgets
 
 
 def test_auto_gamma_across_vocabularies_gives_the_tokens_of_a_fixed_gamma(

@@ -85,10 +85,12 @@ class World:
     def edge(self, method: str, **settings):
         return self.machines(method, **settings)[0]
 
-    def machines(self, method: str, **settings):
-        """Both machines of one request for `method` on this world's models."""
+    def machines(self, method: str, tree_seconds=None, **settings):
+        """Both machines of one request for `method` on this world's models (`tree_seconds`:
+        the edge's pass cost per tips, as a latency profile gives it)."""
         return build_machines(
             method,
+            tree_seconds=tree_seconds,
             draft_lm=self.draft,
             target_lm=self.target,
             alignment=self.alignment,
@@ -120,9 +122,10 @@ class World:
         profile=FLAT_PROFILE,
         trace=False,
         cloud_profile=None,
+        tree_seconds=None,
         **settings,
     ):
-        edge, cloud = self.machines(method, **settings)
+        edge, cloud = self.machines(method, tree_seconds, **settings)
         return self.simulate(edge, cloud, link, profile, trace, cloud_profile), edge, cloud
 
     def simulate(

@@ -343,16 +343,17 @@ class BranchPlanner:
         c, beta = self._power_law
         return min(max(1.0 - c * fanout ** (-beta), 0.0), 1.0)
 
-    def expected_hit(self, gamma: int) -> float | None:
-        """P(hit | rejection) of the tree `plan(γ)` would draft for a chain of γ, from the
-        captures observed so far (None before any: nothing to predict from)."""
+    def expected_hit(self, gamma: int, budget: int | None = None) -> float | None:
+        """P(hit | rejection) of the tree `plan(γ)` would draft for a chain of γ (at `budget`
+        tips, else at its own budget), from the captures observed so far (None before any:
+        nothing to predict from)."""
         if self._capture_sum.size == 0:
             return None
-        return hit_probability(self.alpha, self._shape(gamma, gamma), self.capture)
+        return hit_probability(self.alpha, self._shape(gamma, gamma, budget), self.capture)
 
-    def _shape(self, gamma: int, passes: int) -> list[int]:
-        return allocate_branches(self.budget(passes) - 1, gamma, self.alpha, self._power_law[1],
-                                 self.mode)  # fmt: skip
+    def _shape(self, gamma: int, passes: int, budget: int | None = None) -> list[int]:
+        tips = self.budget(passes) if budget is None else budget
+        return allocate_branches(tips - 1, gamma, self.alpha, self._power_law[1], self.mode)
 
     def plan(self, gamma: int, passes: int | None = None) -> list[int]:
         """F_0..F_{γ−1} for the next tree over a chain of γ, summing to B* − 1 (the tree drafts

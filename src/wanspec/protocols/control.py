@@ -30,15 +30,21 @@ analysis (docs/METHODS.md), checked against the simulator on the i.i.d. syntheti
   time, late or with such a chain: the stationary shares of a Markov chain over the runs' starts
   weigh them, and the share of verdicts on restart chains weighs their tokens.
 
-The chosen γ and D change only the time, never the tokens: a pipeline's draws are keyed by output
-position (SPEC's Randomness clause), so a seed gives the same tokens at every γ and D.
+- the tree budget B (`tree_budget="auto"`): a pass of B tips costs T_tree(B) (the edge's latency
+  profile, scaled to the passes measured) and its tree misses the share the planner's hit model
+  predicts at B. AceSpec's rule, the most tips whose tree fits the window, is all or nothing
+  where a pass costs about the same for 1 tip as for 30: with a window shorter than the chain's
+  own γ passes it drafts no alternative at all, though they would cost almost nothing.
+
+The chosen γ, D and B change only the time, never the tokens: a pipeline's draws are keyed by
+output position (SPEC's Randomness clause), so a seed gives the same tokens at every γ, D and B.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -56,6 +62,9 @@ PRIOR_MISS_SHARE = 0.2
 START_DEPTH = 2
 # The share of the measured window a candidate γ's tree may fill.
 TREE_ROOM = 0.9
+# A tree budget changes only where the model expects this much more (a tree already planned
+# keeps its own; the next one takes the new budget, so a change costs no drafted tree).
+BUDGET_GAIN = 0.01
 # A run of full acceptances longer than this adds nothing measurable to the expectation.
 RUN_LIMIT = 4096
 # γ changes only when the model predicts at least this much more throughput than the current γ
@@ -345,6 +354,7 @@ def best_setting(
     est: Estimates,
     switch_gain: float = SWITCH_GAIN,
     restart: int = 0,
+    budget_fixed: bool = False,
 ) -> tuple[int, int]:
     """The (γ, D) among the candidates with the most modelled tokens per second, or `current`
     unless that beats it by more than `switch_gain` (a change of D alone needs no margin: no
@@ -352,9 +362,9 @@ def best_setting(
     the fewest chains in flight win: a chain sent ahead that turns stale costs uplink bits the
     model does not count. Only γ whose tree fits in the window are candidates: a tree that
     overruns it makes the planner shrink the budget, and the hits measured at the old budget
-    would not hold."""
+    would not hold; unless the budget is fixed (`budget_fixed`: chosen by `best_budget`)."""
     room = TREE_ROOM * est.window_s
-    fitting = [g for g in gammas if g * est.tree_pass_s <= room] or list(gammas)
+    fitting = [g for g in gammas if budget_fixed or g * est.tree_pass_s <= room] or list(gammas)
     rates = {(g, d): modelled_rate(g, est, d, restart) for g in fitting for d in depths}
     top = max(rates.values())
     best = min((s for s, r in rates.items() if r >= (1 - DEPTH_SLACK) * top),
@@ -370,6 +380,31 @@ def best_setting(
     return best if rates[best] > (1 + switch_gain) * now else current
 
 
+def best_budget(
+    current: int,
+    budgets: Sequence[int],
+    setting: tuple[int, int],
+    est: Estimates,
+    *,
+    pass_s: Callable[[int], float],
+    miss: Callable[[int], float],
+    restart: int = 0,
+) -> int:
+    """The tree budget B among `budgets` with the most modelled tokens per second for the chain
+    setting (γ, D), each priced at its own pass time `pass_s(B)` and miss share `miss(B)`; the
+    fewest tips among equals, and `current` unless the best beats it by `BUDGET_GAIN`."""
+    gamma, depth = setting
+
+    def rate(budget: int) -> float:
+        at = replace(est, tree_pass_s=pass_s(budget), miss_by_gamma={gamma: miss(budget)})
+        return modelled_rate(gamma, at, depth, restart)
+
+    rates = {b: rate(b) for b in budgets}
+    best = max(budgets, key=lambda b: (rates[b], -b))
+    now = rates[current] if current in rates else rate(current)
+    return best if rates[best] > (1 + BUDGET_GAIN) * now else current
+
+
 @dataclass
 class ChainController:
     """γ (and, with `adapt_depth`, D) for the next chain, from running estimates the edge feeds.
@@ -381,7 +416,10 @@ class ChainController:
     Until the estimates exist (`WARMUP_CHAINS` verdicts, one tree pass and one draft) it keeps
     `start` and `START_DEPTH`. `adapt_gamma` False holds γ at `start`; `chains_in_flight` is D,
     or D's upper limit when `adapt_depth`. With a `hit_model` each candidate γ gets the miss
-    share its own tree is predicted to have; without one (or before it knows), the measured."""
+    share its own tree is predicted to have; without one (or before it knows), the measured.
+    With `budgets` (and `tree_seconds`, a pass's seconds per tips) it also chooses the tree
+    budget among them once the hit model predicts, after γ and D (`best_budget`); it starts
+    at `start_budget`."""
 
     start: int
     gamma_max: int
@@ -389,9 +427,14 @@ class ChainController:
     adapt_gamma: bool = True
     adapt_depth: bool = False
     restart: int = 0  # `restart_length`: the chain after a miss, where D > 1 (0 = γ)
-    # P(hit | rejection) of the tree for a chain of γ, or None while unknown (the planner's)
-    hit_model: Callable[[int], float | None] | None = None
+    # P(hit | rejection) of the tree for a chain of γ at a budget (None: the planner's own), or
+    # None while unknown (the planner's)
+    hit_model: Callable[[int, int | None], float | None] | None = None
+    budgets: tuple[int, ...] = ()  # the tree budgets it may choose among (none: the planner's)
+    tree_seconds: Callable[[int], float] | None = None  # a pass of B tips (with `budgets`)
+    start_budget: int = 16
     gamma: int = field(init=False)
+    budget: int | None = field(init=False, default=None)
     depth: int = field(init=False)
     verdicts: int = field(init=False, default=0)
     accepted: int = field(init=False, default=0)
@@ -407,6 +450,7 @@ class ChainController:
     verify_s: float | None = field(init=False, default=None)
     round_trip_s: float | None = field(init=False, default=None)
     history: list[int] = field(init=False, default_factory=list)
+    budget_history: list[int] = field(init=False, default_factory=list)
     depth_history: list[int] = field(init=False, default_factory=list)
 
     def __post_init__(self) -> None:
@@ -414,6 +458,12 @@ class ChainController:
             raise ValueError(f"start γ {self.start} outside [1, {self.gamma_max}]")
         if self.chains_in_flight < 1:
             raise ValueError(f"chains in flight must be at least 1, got {self.chains_in_flight}")
+        if self.budgets:
+            if self.tree_seconds is None or self.hit_model is None:
+                raise ValueError("choosing the tree budget needs a pass cost and a hit model")
+            if self.start_budget not in self.budgets:
+                raise ValueError(f"start budget {self.start_budget} not among {self.budgets}")
+            self.budget = self.start_budget
         self.gamma = self.start
         self.depth = (
             min(START_DEPTH, self.chains_in_flight) if self.adapt_depth else (self.chains_in_flight)
@@ -483,12 +533,26 @@ class ChainController:
             self.alpha, window, tree, draft, miss_share, verify, self._misses(), forks, holdable
         )
 
+    def _best_budget(self, est: Estimates) -> int:
+        """The budget for the next tree (`best_budget`), once the hit model predicts; a pass
+        at another budget costs the measured pass times the profile's ratio."""
+        assert self.budget is not None and self.tree_seconds is not None
+        assert self.hit_model is not None
+        hits = {b: self.hit_model(self.gamma, b) for b in self.budgets}
+        if None in hits.values():
+            return self.budget
+        scale = est.tree_pass_s / self.tree_seconds(self.budget)
+        return best_budget(self.budget, self.budgets, (self.gamma, self.depth), est,
+                           pass_s=lambda b: scale * self.tree_seconds(b),  # type: ignore[misc]
+                           miss=lambda b: 1.0 - hits[b],  # type: ignore[operator]
+                           restart=self.restart)  # fmt: skip
+
     def _misses(self) -> dict[int, float] | None:
         """The hit model's miss share per candidate γ: a longer chain spreads the same budget
         over more depths, so its tree misses more often than the one measured."""
         if self.hit_model is None:
             return None
-        hits = {g: self.hit_model(g) for g in range(1, self.gamma_max + 1)}
+        hits = {g: self.hit_model(g, self.budget) for g in range(1, self.gamma_max + 1)}
         return {g: 1.0 - h for g, h in hits.items() if h is not None} or None
 
     def next_gamma(self) -> int:
@@ -500,9 +564,13 @@ class ChainController:
             # D moves only once the cloud's time per chain is measured (from chains sent ahead)
             free = self.adapt_depth and self.verify_s is not None
             depths = range(1, self.chains_in_flight + 1) if free else [self.depth]
-            self.gamma, self.depth = best_setting(
-                (self.gamma, self.depth), gammas, depths, est, restart=self.restart
-            )
+            self.gamma, self.depth = best_setting((self.gamma, self.depth), gammas, depths, est,
+                                                  restart=self.restart,
+                                                  budget_fixed=bool(self.budgets))  # fmt: skip
+            if self.budgets:
+                self.budget = self._best_budget(est)
         self.history.append(self.gamma)
+        if self.budget is not None:
+            self.budget_history.append(self.budget)
         self.depth_history.append(self.depth)
         return self.gamma

@@ -294,9 +294,12 @@ class PipelineEdge(SpecEdge):
         return self.depth_limit if self.controller is None else self.controller.depth
 
     def _choose_length(self) -> int:
-        """γ of the next chain: the controller's choice, or the setting."""
+        """γ of the next chain: the controller's choice, or the setting; and the tree budget,
+        where the controller chooses it."""
         if self.controller is not None:
             self.next_length = self.controller.next_gamma()
+            if self.controller.budget is not None and self.planner is not None:
+                self.planner.fixed_budget = self.controller.budget
         return self.next_length
 
     # ---- drafting the main chain

@@ -19,7 +19,7 @@ from wanspec.protocols.endpoints import (
 )
 from wanspec.protocols.methods import METHODS, MethodInfo, get_method
 from wanspec.protocols.pipeline import PipelineEdge
-from wanspec.protocols.settings import DEFAULT_GAMMA, GenerationSettings
+from wanspec.protocols.settings import DEFAULT_GAMMA, DEFAULT_TREE_BUDGET, GenerationSettings
 from wanspec.protocols.speculative import SpecCloud, SpecEdge
 from wanspec.protocols.stream import ArCloud, ArEdge, SplitCloud, SplitEdge
 from wanspec.vocab import VocabAlignment, fingerprint
@@ -91,6 +91,8 @@ def make_edge(
             f"({_names(sends_ahead=True)}); "
             f"{info.name!r} keeps one chain in flight"
         )
+    if settings.adaptive_budget:
+        _check_budget_choice(info.name, settings, tree_seconds)
     adaptive_srdv = settings.adaptive_srdv_k or settings.adaptive_srdv_m
     if adaptive_srdv and not (info.scheme is not None and info.scheme.candidate_sets):
         which = "srdv_k" if settings.adaptive_srdv_k else "srdv_m"
@@ -143,8 +145,11 @@ def make_edge(
                 adapt_depth=settings.adaptive_depth,
                 restart=settings.restart_length,
                 hit_model=None if planner is None else planner.expected_hit,
+                budgets=_budgets(settings.tree_budget) if settings.adaptive_budget else (),
+                tree_seconds=tree_seconds,
+                start_budget=min(DEFAULT_TREE_BUDGET, settings.tree_budget),
             )
-            if settings.adaptive_gamma or settings.adaptive_depth
+            if settings.adaptive_gamma or settings.adaptive_depth or settings.adaptive_budget
             else None
         )
         return PipelineEdge(
@@ -178,6 +183,28 @@ def _candidate_planner(settings: GenerationSettings) -> CandidatePlanner:
         adapt_k=settings.adaptive_srdv_k,
         adapt_m=settings.adaptive_srdv_m,
     )
+
+
+def _check_budget_choice(
+    method: str, settings: GenerationSettings, tree_seconds: Callable[[int], float] | None
+) -> None:
+    """`tree_budget="auto"` prices each budget at its pass time: it needs a tree, a pass cost
+    per tips, and a budget the planner does not fix."""
+    if get_method(method).family != "pipeline" or method == "picospec":
+        raise ValueError(f"tree_budget 'auto' needs a pipeline with a tree; {method!r} drafts none")
+    if settings.tree_fixed:
+        raise ValueError("tree_budget 'auto' chooses the budget; tree_fixed would hold it")
+    if tree_seconds is None:
+        raise ValueError(
+            "tree_budget 'auto' needs the edge's pass cost per tips (a latency profile such as "
+            "edge-orin); this edge has none, and drafts tree_budget tips"
+        )
+
+
+def _budgets(cap: int) -> tuple[int, ...]:
+    """The budgets `tree_budget="auto"` chooses among: powers of two up to `cap`, and `cap`."""
+    powers = [1 << k for k in range(cap.bit_length()) if 1 << k <= cap]
+    return tuple(sorted({*powers, cap}))
 
 
 def _planner(

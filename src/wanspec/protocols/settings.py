@@ -39,6 +39,9 @@ DEFAULT_GAMMA = 4
 AUTO_GAMMA_MAX = 8
 # Chains a pipeline may keep in flight: each holds a tree in the edge's cache until its verdict.
 MAX_CHAINS_IN_FLIGHT = 8
+# B_max when none is given, and where `tree_budget="auto"` starts; the most tips it may choose.
+DEFAULT_TREE_BUDGET = 16
+AUTO_TREE_BUDGET_MAX = 64
 # SR-DV's K and M when none are given, and where `srdv_k="auto"` / `srdv_m="auto"` start.
 DEFAULT_SRDV_K = 4
 DEFAULT_SRDV_M = 2
@@ -102,7 +105,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "q_bits": (lambda v: _is_int(v) and v in Q_BITS, "16, 24 or 32 (bits per shipped count)"),
     "ignore_eos": (_is_bool, "True or False"),
     "hr_piggyback": (_is_bool, "True or False"),
-    "tree_budget": (_int_in(1, MAX_TREE_TIPS), f"an integer in [1, {MAX_TREE_TIPS}]"),
+    "tree_budget": (_int_in(1, MAX_TREE_TIPS), f"an integer in [1, {MAX_TREE_TIPS}] or 'auto'"),
     "tree_allocation": (
         lambda v: v in ("single", "uniform", "geometric"),
         "'single', 'uniform' or 'geometric'",
@@ -110,6 +113,7 @@ _RULES: dict[str, tuple[Callable[[object], bool], str]] = {
     "tree_fixed": (_is_bool, "True or False"),
     "adaptive_gamma": (_is_bool, "True or False"),
     "adaptive_depth": (_is_bool, "True or False"),
+    "adaptive_budget": (_is_bool, "True or False"),
     "chains_in_flight": (
         _int_in(1, MAX_CHAINS_IN_FLIGHT),
         f"an integer in [1, {MAX_CHAINS_IN_FLIGHT}]",
@@ -136,6 +140,7 @@ def _auto_help(text: str) -> dict[str, Any]:
 _AUTO: dict[str, tuple[int, str]] = {
     "gamma": (AUTO_GAMMA_MAX, "adaptive_gamma"),
     "chains_in_flight": (MAX_CHAINS_IN_FLIGHT, "adaptive_depth"),
+    "tree_budget": (AUTO_TREE_BUDGET_MAX, "adaptive_budget"),
     "srdv_k": (AUTO_SRDV_K_MAX, "adaptive_srdv_k"),
     "srdv_m": (AUTO_SRDV_M_MAX, "adaptive_srdv_m"),
 }
@@ -175,6 +180,13 @@ class GenerationSettings:
         metadata=_help(
             "deepspec, deepspec-tree, deepspec-x: choose D per chain online, with "
             "`chains_in_flight` as its upper limit."
+        ),
+    )
+    adaptive_budget: bool = field(
+        default=False,
+        metadata=_help(
+            "Pipelines with a tree: choose the tree budget per chain online (a power of two), "
+            "with `tree_budget` as its upper limit."
         ),
     )
     stop: tuple[str, ...] = field(default=(), metadata=_help("Stop string (repeatable)."))
@@ -230,8 +242,12 @@ class GenerationSettings:
     )
     repetition_penalty: float = field(default=1.0, metadata=_help("Repetition penalty; 1.0 = off."))
     tree_budget: int = field(
-        default=16,
-        metadata=_help("AceSpec: B_max, branch tips per tree pass (the main one included)."),
+        default=DEFAULT_TREE_BUDGET,
+        metadata=_auto_help(
+            "AceSpec: B_max, branch tips per tree pass (the main one included); 'auto' "
+            f"(pipelines with a tree): chosen per chain from the measured link, up to "
+            f"{AUTO_TREE_BUDGET_MAX}."
+        ),
     )
     tree_allocation: str = field(
         default="geometric",
