@@ -362,16 +362,6 @@ def test_a_chain_whose_tree_no_longer_fits_is_left_for_any_gain() -> None:
     assert best_setting((4, 1), range(1, 9), [1], est, switch_gain=10.0) == (3, 1)
 
 
-def test_a_fixed_budget_keeps_a_chain_whose_tree_overruns_the_window() -> None:
-    """With the budget chosen by the controller the planner no longer shrinks a tree that
-    overruns the window, so such a γ stays a candidate (and hysteresis holds it)."""
-    est = _est(0.8, window_s=0.157, tree_pass_s=0.041, miss_share=0.1)
-    assert best_setting((4, 1), range(1, 9), [1], est, switch_gain=10.0, budget_fixed=True) == (
-        4,
-        1,
-    )
-
-
 # ----------------------------------------------------------------------------- the tree budget
 
 BUDGETS = (1, 2, 4, 8, 16, 32, 64)

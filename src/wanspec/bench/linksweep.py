@@ -7,9 +7,10 @@ the RTT (10, 50, 150, 300 ms at 100 Mbit/s each way) and the link rate (50 kbit/
 100 Mbit/s at 50 ms). At each point: `ar`, `sd`, `picospec` and the pipelines `acespec`,
 `deepspec` and `deepspec-tree` at γ = 4, each pipeline at every other fixed γ in 1..8 (the best
 fixed setting a person could have picked knowing the link), and each with `gamma="auto"`; the
-two deepspecs' auto cells also leave the chains in flight to the edge
+auto cells also leave each tree's budget to the edge (up to the same B_max, which the fixed
+cells draft by AceSpec's network-aware rule) and the two deepspecs' the chains in flight
 (`chains_in_flight="auto"`, D ≤ 8), while their fixed cells keep D = 2. A pipeline's tokens do
-not depend on γ or D, so these cells differ only in time. Each point also gets AceSpec's
+not depend on γ, B or D, so these cells differ only in time. Each point also gets AceSpec's
 ideal-pipeline bound (`pipelines.ideal_bound` at the best γ, B = 1, the point's measured α): one
 chain in flight, bandwidth not counted, so the deepspecs, which keep more chains in flight, may
 pass it.
@@ -65,11 +66,13 @@ BASELINES = ("ar", "sd", "picospec")  # at the default γ only
 PIPELINES = ("acespec", "deepspec", "deepspec-tree")  # at every fixed γ and at "auto"
 AHEAD = "deepspec-tree"  # the method goal (a) is judged on: chains in flight and forks
 AUTO = "auto"
-# what else a pipeline's auto cell leaves to the edge besides γ
-AUTO_ALSO: dict[str, dict[str, str]] = {
-    "acespec": {},
-    "deepspec": {"depth": AUTO},
-    "deepspec-tree": {"depth": AUTO},
+# what else a pipeline's auto cell leaves to the edge besides γ: each tree's budget, up to the
+# configuration's B_max (the fixed cells' cap), and for the deepspecs the chains in flight
+BUDGET_AUTO = {"tree": {"adaptive_budget": True}}
+AUTO_ALSO: dict[str, dict[str, Any]] = {
+    "acespec": BUDGET_AUTO,
+    "deepspec": {"depth": AUTO, **BUDGET_AUTO},
+    "deepspec-tree": {"depth": AUTO, **BUDGET_AUTO},
 }
 SWEEP_RATE_BPS = 100e6  # the RTT sweep's link rate, each way
 SWEEP_RTT_S = 0.05  # the rate sweep's RTT
@@ -566,8 +569,9 @@ LINK_EXPERIMENTS = [
         "tokens at T = 1; prompt i runs seed i. ar, sd, picospec at γ = 4; acespec and deepspec "
         "(AceSpec with D = 2 chains in flight) at every fixed γ and with "
         '`gamma="auto"` (the edge picks γ ≤ 8 per chain from what it measures; deepspec\'s auto '
-        'also picks D ≤ 8, `chains_in_flight="auto"`); network-aware '
-        "tree budget up to B_max. The summary tabulates both sweeps and judges goals (a) "
+        'also picks D ≤ 8, `chains_in_flight="auto"`; every auto also picks each tree\'s budget '
+        "up to B_max, where the fixed cells draft AceSpec's network-aware budget up to it). "
+        "The summary tabulates both sweeps and judges goals (a) "
         "deepspec ≥ 1.3× acespec at RTT ≥ 150 ms, never below it; (b) auto within 5 % of the "
         "best fixed γ everywhere and ≥ 1.15× γ = 4 at the sweeps' extremes.",
         _cells,
