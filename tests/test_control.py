@@ -37,6 +37,7 @@ from wanspec.protocols.control import (
     tokens_per_chain,
     verdict_gap,
 )
+from wanspec.protocols.pipeline import pass_affords
 from wanspec.protocols.settings import (
     AUTO_GAMMA_MAX,
     AUTO_TREE_BUDGET_MAX,
@@ -362,6 +363,16 @@ def test_a_chain_whose_tree_no_longer_fits_is_left_for_any_gain() -> None:
     assert best_setting((4, 1), range(1, 9), [1], est, switch_gain=10.0) == (3, 1)
 
 
+def test_a_fixed_budget_keeps_a_chain_whose_tree_overruns_the_window() -> None:
+    """With the budget chosen by the controller the planner no longer shrinks a tree that
+    overruns the window, so such a γ stays a candidate (and hysteresis holds it)."""
+    est = _est(0.8, window_s=0.157, tree_pass_s=0.041, miss_share=0.1)
+    assert best_setting((4, 1), range(1, 9), [1], est, switch_gain=10.0, budget_fixed=True) == (
+        4,
+        1,
+    )
+
+
 # ----------------------------------------------------------------------------- the tree budget
 
 BUDGETS = (1, 2, 4, 8, 16, 32, 64)
@@ -629,6 +640,22 @@ def test_tree_budget_auto_is_refused_where_there_is_no_budget_to_choose(
         shared_world.machines(method, _pass_seconds, tree_budget="auto", **settings)
 
 
+def test_tree_budget_auto_leaves_room_for_the_forks_trees_a_pass_drafts(
+    shared_world: World,
+) -> None:
+    """deepspec-tree's passes also draft `fork_trees` forks' trees of the chain's budget: a
+    budget whose pass could no longer carry them is no candidate (the model does not price
+    the forks' trees it would crowd out); acespec's passes draft none."""
+    ace = shared_world.edge("acespec", _pass_seconds, tree_budget="auto")
+    tree = shared_world.edge("deepspec-tree", _pass_seconds, tree_budget="auto")
+    assert ace.controller.budgets == (1, 2, 4, 8, 16, 32, AUTO_TREE_BUDGET_MAX)
+    assert tree.controller.budgets == tuple(
+        b for b in ace.controller.budgets if pass_affords(_pass_seconds, b, 4 * b)
+    )
+    assert 1 < len(tree.controller.budgets) < len(ace.controller.budgets)
+    assert tree.controller.budget == max(tree.controller.budgets)  # the start, within them
+
+
 def test_tree_budget_auto_is_refused_without_a_pass_cost(shared_world: World) -> None:
     """A live edge has no latency profile: it cannot price a budget, and says so."""
     with pytest.raises(ValueError, match="pass cost per tips"):
@@ -678,9 +705,13 @@ def _pass_seconds(tips: int) -> float:
     return FLAT_PROFILE.seconds(ComputeCost("tree", n=tips))
 
 
-@pytest.mark.parametrize(("method", "gamma"), [("acespec", "auto"), ("deepspec-tree", 4)])
+@pytest.mark.parametrize(
+    ("method", "gamma", "extra"),
+    # deepspec-tree's forks' trees would leave it two budgets on the tests' flat profile
+    [("acespec", "auto", {}), ("deepspec-tree", 4, {"fork_trees": 0})],
+)
 def test_auto_tree_budget_gives_the_tokens_of_a_fixed_budget(
-    shared_world: World, method: str, gamma: int | str
+    shared_world: World, method: str, gamma: int | str, extra: dict
 ) -> None:
     """The budget the controller picks per chain shapes the trees (each drafts the budget
     chosen for it), never the tokens: on a window shorter than the chain's passes (2 ms) and a
@@ -688,7 +719,7 @@ def test_auto_tree_budget_gives_the_tokens_of_a_fixed_budget(
     varied = 0
     for seed, rtt in [(0, 0.002), (1, 0.3), (2, 0.002)]:
         link = Link(bandwidth_bps=1e7, rtt_s=rtt)
-        settings = dict(seed=seed, max_new_tokens=48, temperature=1.2)
+        settings = dict(seed=seed, max_new_tokens=48, temperature=1.2, **extra)
         fixed, _, _ = shared_world.run(method, link=link, gamma=DEFAULT_GAMMA, **settings)
         auto, edge, cloud = shared_world.run(method, link=link, gamma=gamma, tree_budget="auto",
                                              tree_seconds=_pass_seconds, **settings)  # fmt: skip

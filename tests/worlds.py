@@ -82,8 +82,8 @@ class World:
         self.target, self.draft = SyntheticLM(target, "target"), SyntheticLM(draft, "draft")
         return self
 
-    def edge(self, method: str, **settings):
-        return self.machines(method, **settings)[0]
+    def edge(self, method: str, tree_seconds=None, **settings):
+        return self.machines(method, tree_seconds, **settings)[0]
 
     def machines(self, method: str, tree_seconds=None, **settings):
         """Both machines of one request for `method` on this world's models (`tree_seconds`:

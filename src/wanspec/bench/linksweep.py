@@ -7,8 +7,9 @@ the RTT (10, 50, 150, 300 ms at 100 Mbit/s each way) and the link rate (50 kbit/
 100 Mbit/s at 50 ms). At each point: `ar`, `sd`, `picospec` and the pipelines `acespec`,
 `deepspec` and `deepspec-tree` at γ = 4, each pipeline at every other fixed γ in 1..8 (the best
 fixed setting a person could have picked knowing the link), and each with `gamma="auto"`; the
-auto cells also leave each tree's budget to the edge (up to the same B_max, which the fixed
-cells draft by AceSpec's network-aware rule) and the two deepspecs' the chains in flight
+auto cells also leave each tree's budget to the edge (`tree_budget="auto"`, up to 64 tips; the
+fixed cells draft AceSpec's network-aware budget up to the configuration's B_max) and the two
+deepspecs' the chains in flight
 (`chains_in_flight="auto"`, D ≤ 8), while their fixed cells keep D = 2. A pipeline's tokens do
 not depend on γ, B or D, so these cells differ only in time. Each point also gets AceSpec's
 ideal-pipeline bound (`pipelines.ideal_bound` at the best γ, B = 1, the point's measured α): one
@@ -66,9 +67,9 @@ BASELINES = ("ar", "sd", "picospec")  # at the default γ only
 PIPELINES = ("acespec", "deepspec", "deepspec-tree")  # at every fixed γ and at "auto"
 AHEAD = "deepspec-tree"  # the method goal (a) is judged on: chains in flight and forks
 AUTO = "auto"
-# what else a pipeline's auto cell leaves to the edge besides γ: each tree's budget, up to the
-# configuration's B_max (the fixed cells' cap), and for the deepspecs the chains in flight
-BUDGET_AUTO = {"tree": {"adaptive_budget": True}}
+# what else a pipeline's auto cell leaves to the edge besides γ: each tree's budget
+# (`tree_budget="auto"`, up to 64), and for the deepspecs the chains in flight
+BUDGET_AUTO = {"tree": {"tree_budget": AUTO}}
 AUTO_ALSO: dict[str, dict[str, Any]] = {
     "acespec": BUDGET_AUTO,
     "deepspec": {"depth": AUTO, **BUDGET_AUTO},
@@ -570,7 +571,7 @@ LINK_EXPERIMENTS = [
         "(AceSpec with D = 2 chains in flight) at every fixed γ and with "
         '`gamma="auto"` (the edge picks γ ≤ 8 per chain from what it measures; deepspec\'s auto '
         'also picks D ≤ 8, `chains_in_flight="auto"`; every auto also picks each tree\'s budget '
-        "up to B_max, where the fixed cells draft AceSpec's network-aware budget up to it). "
+        "up to 64, where the fixed cells draft AceSpec's network-aware budget up to B_max). "
         "The summary tabulates both sweeps and judges goals (a) "
         "deepspec ≥ 1.3× acespec at RTT ≥ 150 ms, never below it; (b) auto within 5 % of the "
         "best fixed γ everywhere and ≥ 1.15× γ = 4 at the sweeps' extremes.",

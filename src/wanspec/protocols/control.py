@@ -354,6 +354,7 @@ def best_setting(
     est: Estimates,
     switch_gain: float = SWITCH_GAIN,
     restart: int = 0,
+    budget_fixed: bool = False,
 ) -> tuple[int, int]:
     """The (γ, D) among the candidates with the most modelled tokens per second, or `current`
     unless that beats it by more than `switch_gain` (a change of D alone needs no margin: no
@@ -361,10 +362,9 @@ def best_setting(
     the fewest chains in flight win: a chain sent ahead that turns stale costs uplink bits the
     model does not count. Only γ whose tree fits in the window are candidates: a tree that
     overruns it makes the planner shrink the budget, and the hits measured at the old budget
-    would not hold (and where the controller chooses the budget, a tree overrunning the window
-    runs slower than the model expects)."""
+    would not hold; unless the budget is fixed (`budget_fixed`: chosen by `best_budget`)."""
     room = TREE_ROOM * est.window_s
-    fitting = [g for g in gammas if g * est.tree_pass_s <= room] or list(gammas)
+    fitting = [g for g in gammas if budget_fixed or g * est.tree_pass_s <= room] or list(gammas)
     rates = {(g, d): modelled_rate(g, est, d, restart) for g in fitting for d in depths}
     top = max(rates.values())
     best = min((s for s, r in rates.items() if r >= (1 - DEPTH_SLACK) * top),
@@ -564,9 +564,9 @@ class ChainController:
             # D moves only once the cloud's time per chain is measured (from chains sent ahead)
             free = self.adapt_depth and self.verify_s is not None
             depths = range(1, self.chains_in_flight + 1) if free else [self.depth]
-            self.gamma, self.depth = best_setting(
-                (self.gamma, self.depth), gammas, depths, est, restart=self.restart
-            )
+            self.gamma, self.depth = best_setting((self.gamma, self.depth), gammas, depths, est,
+                                                  restart=self.restart,
+                                                  budget_fixed=bool(self.budgets))  # fmt: skip
             if self.budgets:
                 self.budget = self._best_budget(est)
         self.history.append(self.gamma)

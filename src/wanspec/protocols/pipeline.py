@@ -55,6 +55,7 @@ not its own output position is a local bug and raises (`PipelineEdge._check_stre
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -173,6 +174,12 @@ class InFlight:
     round: Round
     spec: Speculation
     alternatives: list[list[int]]  # per chain depth: what its tree branched on, best first
+
+
+def pass_affords(cost: Callable[[int], float], own: int, tips: int) -> bool:
+    """Whether a pass of `tips` tips costs at most `FORK_TREE_SLACK` more than one of `own`:
+    how many forks' trees a chain's passes may draft along (`fork_trees`)."""
+    return cost(tips) <= (1 + FORK_TREE_SLACK) * cost(own)
 
 
 def _cache_end(depth: int) -> list[int]:
@@ -636,7 +643,7 @@ class PipelineEdge(SpecEdge):
         """Whether a pass of `tips` tips costs at most `FORK_TREE_SLACK` more than one of `own`
         (always, where the edge does not know its pass cost)."""
         cost = None if self.planner is None else self.planner.tree_seconds
-        return cost is None or cost(tips) <= (1 + FORK_TREE_SLACK) * cost(own)
+        return cost is None or pass_affords(cost, own, tips)
 
     def _fork_room(self, spec: Speculation, uplink: UplinkModel) -> float | None:
         """Bits the uplink can carry before the next chain leaves and, for the tree of the
