@@ -136,7 +136,7 @@ def make_edge(
         planner = _planner(info.name, settings, tree_seconds)
         depth = settings.chains_in_flight if info.sends_ahead else 1
         start = min(DEFAULT_GAMMA, settings.gamma) if settings.adaptive_gamma else settings.gamma
-        budgets = _budgets(settings, tree_seconds, info.sends_forks)
+        budgets = _budgets(settings, tree_seconds, info.sends_forks)  # () unless chosen
         controller = (
             ChainController(
                 start=start,
@@ -148,7 +148,7 @@ def make_edge(
                 hit_model=None if planner is None else planner.expected_hit,
                 budgets=budgets,
                 tree_seconds=tree_seconds,
-                start_budget=min(DEFAULT_TREE_BUDGET, *budgets[-1:]),
+                start_budget=min([DEFAULT_TREE_BUDGET, *budgets[-1:]]),
             )
             if settings.adaptive_gamma or settings.adaptive_depth or settings.adaptive_budget
             else None
