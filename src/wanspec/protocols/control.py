@@ -50,6 +50,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from wanspec.protocols.budget import ALPHA_MAX, ALPHA_MIN, PRIOR_ALPHA, Ewma
+from wanspec.protocols.settings import DEFAULT_TREE_BUDGET
 
 # A run starts at the default γ and keeps it until the edge has seen this many verdicts: the
 # window and α of one chain are too noisy to act on.
@@ -432,7 +433,7 @@ class ChainController:
     hit_model: Callable[[int, int | None], float | None] | None = None
     budgets: tuple[int, ...] = ()  # the tree budgets it may choose among (none: the planner's)
     tree_seconds: Callable[[int], float] | None = None  # a pass of B tips (with `budgets`)
-    start_budget: int = 16
+    start_budget: int = DEFAULT_TREE_BUDGET
     gamma: int = field(init=False)
     budget: int | None = field(init=False, default=None)
     depth: int = field(init=False)
