@@ -116,7 +116,6 @@ def pipeline_cell(
     if method in TREE_METHODS:
         key += f" | B={generation['tree_budget']} {generation['tree_allocation']}"
         key += " fixed" if generation["tree_fixed"] else ""
-        key += " auto" if generation.get("adaptive_budget") else ""
     return Cell(key, settings)
 
 
