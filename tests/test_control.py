@@ -580,31 +580,19 @@ def test_the_controller_refuses_a_start_outside_its_range(start: int, gamma_max:
 # ----------------------------------------------------------------------------- the setting
 
 
-def test_gamma_auto_is_an_upper_limit_and_a_switch() -> None:
-    auto = GenerationSettings(gamma="auto")
-    assert (auto.gamma, auto.adaptive_gamma) == (AUTO_GAMMA_MAX, True)
+@pytest.mark.parametrize(
+    ("name", "cap", "switch", "bad"),
+    [("gamma", AUTO_GAMMA_MAX, "adaptive_gamma", "fast"),
+     ("chains_in_flight", MAX_CHAINS_IN_FLIGHT, "adaptive_depth", "many"),
+     ("tree_budget", AUTO_TREE_BUDGET_MAX, "adaptive_budget", "wide")],
+)  # fmt: skip
+def test_auto_is_an_upper_limit_and_a_switch(name: str, cap: int, switch: str, bad: str) -> None:
+    auto = GenerationSettings(**{name: "auto"})
+    assert (getattr(auto, name), getattr(auto, switch)) == (cap, True)
     assert GenerationSettings.from_dict(auto.to_dict()) == auto
-    assert not GenerationSettings().adaptive_gamma
-    with pytest.raises(ValueError, match="gamma"):
-        GenerationSettings(gamma="fast")
-
-
-def test_chains_in_flight_auto_is_an_upper_limit_and_a_switch() -> None:
-    auto = GenerationSettings(chains_in_flight="auto")
-    assert (auto.chains_in_flight, auto.adaptive_depth) == (MAX_CHAINS_IN_FLIGHT, True)
-    assert GenerationSettings.from_dict(auto.to_dict()) == auto
-    assert not GenerationSettings().adaptive_depth
-    with pytest.raises(ValueError, match="chains_in_flight"):
-        GenerationSettings(chains_in_flight="many")
-
-
-def test_tree_budget_auto_is_an_upper_limit_and_a_switch() -> None:
-    auto = GenerationSettings(tree_budget="auto")
-    assert (auto.tree_budget, auto.adaptive_budget) == (AUTO_TREE_BUDGET_MAX, True)
-    assert GenerationSettings.from_dict(auto.to_dict()) == auto
-    assert not GenerationSettings().adaptive_budget
-    with pytest.raises(ValueError, match="tree_budget"):
-        GenerationSettings(tree_budget="wide")
+    assert not getattr(GenerationSettings(), switch)
+    with pytest.raises(ValueError, match=name):
+        GenerationSettings(**{name: bad})
 
 
 def test_gamma_auto_on_the_command_line() -> None:
