@@ -447,6 +447,7 @@ class ChainController:
     holdable_passes: int = field(init=False, default=0)
     window: Ewma = field(init=False, default_factory=Ewma)
     tree_pass: Ewma = field(init=False, default_factory=Ewma)
+    pass_trees: Ewma = field(init=False, default_factory=Ewma)  # a pass's tips / its own tree's
     draft: Ewma = field(init=False, default_factory=Ewma)
     verify_s: float | None = field(init=False, default=None)
     round_trip_s: float | None = field(init=False, default=None)
@@ -509,8 +510,11 @@ class ChainController:
         chain waits at the cloud; where the edge is slower, none ever does."""
         self.round_trip_s = seconds
 
-    def observe_tree_pass(self, seconds: float) -> None:
+    def observe_tree_pass(self, seconds: float, trees: float = 1.0) -> None:
+        """A tree pass took `seconds`; it drafted `trees` times its own tree's tips (forks'
+        trees along with it, `deepspec-tree`), which a pass at another budget scales too."""
         self.tree_pass.update(seconds)
+        self.pass_trees.update(trees)
 
     def observe_draft(self, seconds: float) -> None:
         self.draft.update(seconds)
@@ -536,15 +540,21 @@ class ChainController:
 
     def _best_budget(self, est: Estimates) -> int:
         """The budget for the next tree (`best_budget`), once the hit model predicts; a pass
-        at another budget costs the measured pass times the profile's ratio."""
+        at another budget costs the measured pass times the profile's ratio, at the measured
+        trees per pass: forks' trees are drafted at the chain's budget too."""
         assert self.budget is not None and self.tree_seconds is not None
         assert self.hit_model is not None
         hits = {b: self.hit_model(self.gamma, b) for b in self.budgets}
         if None in hits.values():
             return self.budget
-        scale = est.tree_pass_s / self.tree_seconds(self.budget)
+        trees, cost = self.pass_trees.value or 1.0, self.tree_seconds
+
+        def pass_s(budget: int) -> float:
+            return cost(round(trees * budget))
+
+        scale = est.tree_pass_s / pass_s(self.budget)
         return best_budget(self.budget, self.budgets, (self.gamma, self.depth), est,
-                           pass_s=lambda b: scale * self.tree_seconds(b),  # type: ignore[misc]
+                           pass_s=lambda b: scale * pass_s(b),
                            miss=lambda b: 1.0 - hits[b],  # type: ignore[operator]
                            restart=self.restart)  # fmt: skip
 

@@ -55,7 +55,6 @@ not its own output position is a local bug and raises (`PipelineEdge._check_stre
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -174,12 +173,6 @@ class InFlight:
     round: Round
     spec: Speculation
     alternatives: list[list[int]]  # per chain depth: what its tree branched on, best first
-
-
-def pass_affords(cost: Callable[[int], float], own: int, tips: int) -> bool:
-    """Whether a pass of `tips` tips costs at most `FORK_TREE_SLACK` more than one of `own`:
-    how many forks' trees a chain's passes may draft along (`fork_trees`)."""
-    return cost(tips) <= (1 + FORK_TREE_SLACK) * cost(own)
 
 
 def _cache_end(depth: int) -> list[int]:
@@ -469,7 +462,14 @@ class PipelineEdge(SpecEdge):
         if purpose == Purpose.DRAFT:
             self.controller.observe_draft(seconds)
         else:
-            self.controller.observe_tree_pass(seconds)
+            self.controller.observe_tree_pass(seconds, self._pass_trees())
+
+    def _pass_trees(self) -> float:
+        """The pass just run, in its own tree's tips: 1, or more with forks' trees along."""
+        spec = self._drafting
+        assert spec is not None
+        tips = [len(branches) for _, branches in spec.pass_layout]
+        return sum(tips) / tips[0] if tips and tips[0] else 1.0
 
     def _tree_done(self, rows: LogitRows) -> list[Action]:
         """One tree pass is back: extend every branch, then draft on, send the next chain ahead,
@@ -641,9 +641,12 @@ class PipelineEdge(SpecEdge):
 
     def _pass_affords(self, own: int, tips: int) -> bool:
         """Whether a pass of `tips` tips costs at most `FORK_TREE_SLACK` more than one of `own`
-        (always, where the edge does not know its pass cost)."""
-        cost = None if self.planner is None else self.planner.tree_seconds
-        return cost is None or pass_affords(cost, own, tips)
+        (always, where the edge does not know its pass cost, and where the budget is fixed: by
+        the user, or by the controller, which prices the forks' trees in its pass)."""
+        planner = self.planner
+        if planner is None or planner.tree_seconds is None or planner.fixed_budget is not None:
+            return True
+        return planner.tree_seconds(tips) <= (1 + FORK_TREE_SLACK) * planner.tree_seconds(own)
 
     def _fork_room(self, spec: Speculation, uplink: UplinkModel) -> float | None:
         """Bits the uplink can carry before the next chain leaves and, for the tree of the

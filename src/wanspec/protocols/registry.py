@@ -18,7 +18,7 @@ from wanspec.protocols.endpoints import (
     short_fingerprint,
 )
 from wanspec.protocols.methods import METHODS, MethodInfo, get_method
-from wanspec.protocols.pipeline import PipelineEdge, pass_affords
+from wanspec.protocols.pipeline import PipelineEdge
 from wanspec.protocols.settings import DEFAULT_GAMMA, DEFAULT_TREE_BUDGET, GenerationSettings
 from wanspec.protocols.speculative import SpecCloud, SpecEdge
 from wanspec.protocols.stream import ArCloud, ArEdge, SplitCloud, SplitEdge
@@ -136,7 +136,7 @@ def make_edge(
         planner = _planner(info.name, settings, tree_seconds)
         depth = settings.chains_in_flight if info.sends_ahead else 1
         start = min(DEFAULT_GAMMA, settings.gamma) if settings.adaptive_gamma else settings.gamma
-        budgets = _budgets(settings, tree_seconds, info.sends_forks)  # () unless chosen
+        budgets = _budgets(settings)  # () unless chosen
         controller = (
             ChainController(
                 start=start,
@@ -202,22 +202,14 @@ def _check_budget_choice(
         )
 
 
-def _budgets(
-    settings: GenerationSettings, tree_seconds: Callable[[int], float] | None, forks: bool
-) -> tuple[int, ...]:
+def _budgets(settings: GenerationSettings) -> tuple[int, ...]:
     """The budgets `tree_budget="auto"` chooses among: powers of two up to the cap, and the cap.
-    Where the passes also draft forks' trees (`fork_trees` of them, each of the chain's budget),
-    only budgets whose pass still carries them all: a larger one crowds them out, which the
-    cycle model does not price (on the link sweep deepspec-tree then ran 6-7 % slower at 50 and
-    150 ms, α = 0.8)."""
+    Where the passes also draft forks' trees (`deepspec-tree`), those are drafted at the chosen
+    budget too, and the controller prices a pass at the trees it measured per pass."""
     if not settings.adaptive_budget:
         return ()
     cap = settings.tree_budget
-    budgets = sorted({*(1 << k for k in range(cap.bit_length()) if 1 << k <= cap), cap})
-    if forks and settings.fork_trees and tree_seconds is not None:
-        trees = 1 + settings.fork_trees
-        budgets = [b for b in budgets if pass_affords(tree_seconds, b, trees * b)] or budgets[:1]
-    return tuple(budgets)
+    return tuple(sorted({*(1 << k for k in range(cap.bit_length()) if 1 << k <= cap), cap}))
 
 
 def _planner(
