@@ -25,6 +25,7 @@ from wanspec.protocols.control import (
     WARMUP_CHAINS,
     ChainController,
     Estimates,
+    PassCost,
     best_budget,
     best_setting,
     chain_cycle,
@@ -453,7 +454,8 @@ def test_a_pass_that_drafts_forks_trees_too_is_priced_at_all_its_tips(
         ctl = ChainController(start=4, gamma_max=4, adapt_gamma=False,
                               hit_model=lambda g, b: 1.0 - _miss(b or DEFAULT_TREE_BUDGET),
                               budgets=BUDGETS, tree_seconds=_flat_pass)  # fmt: skip
-        ctl.observe_tree_pass(_flat_pass(trees * DEFAULT_TREE_BUDGET), trees=trees)
+        ctl.observe_tree_pass(_flat_pass(trees * DEFAULT_TREE_BUDGET), trees * DEFAULT_TREE_BUDGET,
+                              own=DEFAULT_TREE_BUDGET)  # fmt: skip
         ctl.observe_draft(0.040)
         for _ in range(WARMUP_CHAINS):
             ctl.observe_verdict(1, 4, window_s)
@@ -463,11 +465,35 @@ def test_a_pass_that_drafts_forks_trees_too_is_priced_at_all_its_tips(
 
 
 def test_the_controller_refuses_budgets_it_cannot_price() -> None:
-    with pytest.raises(ValueError, match="pass cost and a hit model"):
-        ChainController(start=4, gamma_max=4, budgets=BUDGETS, hit_model=lambda g, b: 0.5)
+    with pytest.raises(ValueError, match="needs a hit model"):
+        ChainController(start=4, gamma_max=4, budgets=BUDGETS, tree_seconds=_flat_pass)
     with pytest.raises(ValueError, match="start budget 16 not among"):
         ChainController(start=4, gamma_max=4, budgets=(1, 2, 4), tree_seconds=_flat_pass,
                         hit_model=lambda g, b: 0.5)  # fmt: skip
+
+
+def test_the_timed_pass_cost_is_the_line_through_the_mean_pass_at_each_tips_count() -> None:
+    """Passes of 1, 16 and 64 tips on a line 40 ms + 0.25 ms per tip (the 16-tip passes twice,
+    either side of it) give back that line; one tips count alone gives a flat cost, and a cost
+    falling with the tips (noise) gives a flat one, never a pass cheaper for more tips."""
+    cost = PassCost(weight=0.5)
+    for tips, seconds in [(1, 0.04025), (16, 0.045), (16, 0.043), (64, 0.056)]:
+        cost.observe(tips, seconds)
+    a, b = cost.line()
+    assert a == pytest.approx(0.040, abs=2e-4) and b == pytest.approx(0.00025, rel=0.05)
+    assert cost(32) == pytest.approx(0.048, rel=0.01)
+    flat = PassCost()
+    flat.observe(16, 0.041)
+    assert flat(1) == flat(64) == pytest.approx(0.041)
+    falling = PassCost()
+    falling.observe(1, 0.05)
+    falling.observe(64, 0.04)
+    assert falling.line()[1] == 0.0 and falling(64) == pytest.approx(0.045)
+    assert not PassCost().known and cost.known
+    with pytest.raises(ValueError, match="no pass timed"):
+        PassCost()(16)
+    with pytest.raises(ValueError, match="cannot take"):
+        cost.observe(0, 0.04)
 
 
 def test_the_hit_model_keeps_chains_short_when_long_trees_would_miss() -> None:
@@ -661,10 +687,23 @@ def test_tree_budget_auto_offers_every_budget_to_a_pass_with_forks_trees_too(
         assert edge.controller.budget == DEFAULT_TREE_BUDGET
 
 
-def test_tree_budget_auto_is_refused_without_a_pass_cost(shared_world: World) -> None:
-    """A live edge has no latency profile: it cannot price a budget, and says so."""
-    with pytest.raises(ValueError, match="pass cost per tips"):
-        shared_world.machines("acespec", tree_budget="auto")
+def test_an_edge_without_a_latency_profile_prices_the_budgets_by_its_timed_passes(
+    shared_world: World,
+) -> None:
+    """A live edge has no profile: the controller fits a pass's cost to the passes it timed
+    (here the simulator's flat profile, 1 ms + 1/63 ms per tip: two budgets' passes find it)
+    and chooses the budget by it;
+    the tokens stay those of a fixed budget."""
+    link = Link(bandwidth_bps=1e7, rtt_s=0.002)
+    settings = dict(seed=0, max_new_tokens=48, temperature=1.2)
+    fixed, _, _ = shared_world.run("acespec", link=link, **settings)
+    auto, edge, _ = shared_world.run("acespec", link=link, tree_budget="auto", **settings)
+    assert auto.tokens == fixed.tokens
+    ctl = edge.controller
+    assert ctl.tree_seconds is None
+    assert ctl.pass_cost(64) == pytest.approx(_pass_seconds(64), rel=0.01)
+    assert ctl.pass_cost(1) == pytest.approx(_pass_seconds(1), rel=0.01)
+    assert len(set(ctl.budget_history)) > 1
 
 
 # ----------------------------------------------------------------------------- on the simulator
@@ -733,7 +772,7 @@ def test_auto_tree_budget_gives_the_tokens_of_a_fixed_budget(
         assert tips <= set(edge.controller.budget_history)
         varied += len(tips) > 1
         if method == "deepspec-tree" and rtt > 0.1:  # forks' trees along, at every budget
-            assert edge.counters["fork_trees"] > 0 and edge.controller.pass_trees.value > 1
+            assert edge.counters["fork_trees"] > 0 and max(edge.controller.pass_trees) > 1
     assert varied  # some run really drafted trees of several budgets
 
 

@@ -32,7 +32,7 @@ from wanspec.net.framing import ConnectionClosed, read_message
 from wanspec.net.server import CloudServer, ServerLimits, server_tls
 from wanspec.protocols.base import PROTOCOL_VERSION, ErrorCode
 from wanspec.protocols.registry import METHODS, edge_fingerprints
-from wanspec.protocols.settings import GenerationSettings
+from wanspec.protocols.settings import DEFAULT_TREE_BUDGET, GenerationSettings
 from wanspec.sim import Link
 
 PROMPT = "hello world"
@@ -128,6 +128,26 @@ def test_srdv_k_and_m_chosen_online_over_tcp_keep_transformers_greedy_text(
     net = wanspec.generate(hetero, PROMPT, "xcosd-e", server=hetero_cloud[0], **settings)
     assert net.text == _transformers_greedy_text(hetero)
     assert net.stats["first_candidates_set"] >= 1 and net.stats["srdv_candidate_rounds"] >= 1
+
+
+def test_tree_budget_chosen_online_over_tcp_gives_the_tokens_of_a_fixed_budget(
+    invariant_pairs: dict[bool, wanspec.Pair], shared: wanspec.Pair, shared_cloud: Any
+) -> None:
+    """A live edge has no latency profile: its controller prices the budgets by the tree
+    passes it times and drafts trees at budgets other than the default's 16; the tokens stay
+    a fixed budget's (sampled, tree and decode logits bitwise equal), and greedy text the
+    target's."""
+    pair, settings = invariant_pairs[True], {"max_new_tokens": 32, "temperature": 0.9, "seed": 5}
+    with cloud_behind_wan(pair.target, pair.cloud_info, WAN, WAN, seed=3) as cloud:
+        fixed = wanspec.generate(pair, PROMPT, "acespec", server=cloud[0], **settings)
+        auto = wanspec.generate(
+            pair, PROMPT, "acespec", server=cloud[0], tree_budget="auto", **settings
+        )
+    assert auto.token_ids == fixed.token_ids
+    assert set(auto.stats["budget_per_round"]) - {DEFAULT_TREE_BUDGET}, auto.stats
+    greedy = wanspec.generate(shared, PROMPT, "acespec", server=shared_cloud[0],
+                              max_new_tokens=NEW, temperature=0.0, tree_budget="auto")  # fmt: skip
+    assert greedy.text == _transformers_greedy_text(shared)
 
 
 @pytest.mark.parametrize("method", _sampled_params(HETERO))

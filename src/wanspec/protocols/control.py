@@ -43,6 +43,7 @@ output position (SPEC's Randomness clause), so a seed gives the same tokens at e
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
@@ -66,6 +67,8 @@ TREE_ROOM = 0.9
 # A tree budget changes only where the model expects this much more (a tree already planned
 # keeps its own; the next one takes the new budget, so a change costs no drafted tree).
 BUDGET_GAIN = 0.01
+# A budget's pass is priced over this many last passes' shapes (own tree and forks' trees).
+PASSES_KEPT = 64
 # A run of full acceptances longer than this adds nothing measurable to the expectation.
 RUN_LIMIT = 4096
 # γ changes only when the model predicts at least this much more throughput than the current γ
@@ -407,6 +410,49 @@ def best_budget(
 
 
 @dataclass
+class PassCost:
+    """A pass's seconds as a function of its tips, fitted to the passes the edge has timed:
+    a line a + b·tips by least squares through the mean time at each tips count seen (weighted
+    by how often), b ≥ 0. An edge with no latency profile prices the tree budgets with it; one
+    tips count alone (a single budget so far) makes it flat, so a larger budget gets tried
+    once and then priced by its own passes."""
+
+    weight: float = 0.3  # each tips count's EWMA weight
+    _means: dict[int, Ewma] = field(default_factory=dict)
+    _counts: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def known(self) -> bool:
+        return bool(self._means)
+
+    def observe(self, tips: int, seconds: float) -> None:
+        if tips < 1 or not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(f"a pass of {tips} tips cannot take {seconds} s")
+        self._means.setdefault(tips, Ewma(self.weight)).update(seconds)
+        self._counts[tips] = self._counts.get(tips, 0) + 1
+
+    def line(self) -> tuple[float, float]:
+        """(a, b): seconds at zero tips and per tip."""
+        if not self._means:
+            raise ValueError("no pass timed yet")
+        tips = np.array(list(self._means), dtype=np.float64)
+        secs = np.array([m.value for m in self._means.values()], dtype=np.float64)
+        weights = np.array(list(self._counts.values()), dtype=np.float64)
+        mean_tips = np.average(tips, weights=weights)
+        mean_secs = np.average(secs, weights=weights)
+        spread = np.average((tips - mean_tips) ** 2, weights=weights)
+        slope = 0.0
+        if spread > 0:
+            slope = max(np.average((tips - mean_tips) * (secs - mean_secs), weights=weights)
+                        / spread, 0.0)  # fmt: skip
+        return max(float(mean_secs - slope * mean_tips), 0.0), float(slope)
+
+    def __call__(self, tips: int) -> float:
+        a, b = self.line()
+        return a + b * tips
+
+
+@dataclass
 class ChainController:
     """γ (and, with `adapt_depth`, D) for the next chain, from running estimates the edge feeds.
 
@@ -418,9 +464,11 @@ class ChainController:
     `start` and `START_DEPTH`. `adapt_gamma` False holds γ at `start`; `chains_in_flight` is D,
     or D's upper limit when `adapt_depth`. With a `hit_model` each candidate γ gets the miss
     share its own tree is predicted to have; without one (or before it knows), the measured.
-    With `budgets` (and `tree_seconds`, a pass's seconds per tips) it also chooses the tree
-    budget among them once the hit model predicts, after γ and D (`best_budget`); it starts
-    at `start_budget`."""
+    With `budgets` it also chooses the tree budget among them once the hit model predicts,
+    after γ and D (`best_budget`), pricing a pass by `tree_seconds` (a latency profile's
+    seconds per tips) or, without one, by `pass_cost`, fitted to the tree passes it is fed (a
+    draft step may also catch the draft's cache up: no pass of one tip); it starts at
+    `start_budget`."""
 
     start: int
     gamma_max: int
@@ -447,7 +495,9 @@ class ChainController:
     holdable_passes: int = field(init=False, default=0)
     window: Ewma = field(init=False, default_factory=Ewma)
     tree_pass: Ewma = field(init=False, default_factory=Ewma)
-    pass_trees: Ewma = field(init=False, default_factory=Ewma)  # a pass's tips / its own tree's
+    pass_cost: PassCost = field(init=False, default_factory=PassCost)  # seconds per tips, timed
+    # the last passes' tips, each in its own tree's: 1, or more with forks' trees along
+    pass_trees: deque[float] = field(init=False, default_factory=lambda: deque(maxlen=PASSES_KEPT))
     draft: Ewma = field(init=False, default_factory=Ewma)
     verify_s: float | None = field(init=False, default=None)
     round_trip_s: float | None = field(init=False, default=None)
@@ -461,8 +511,8 @@ class ChainController:
         if self.chains_in_flight < 1:
             raise ValueError(f"chains in flight must be at least 1, got {self.chains_in_flight}")
         if self.budgets:
-            if self.tree_seconds is None or self.hit_model is None:
-                raise ValueError("choosing the tree budget needs a pass cost and a hit model")
+            if self.hit_model is None:
+                raise ValueError("choosing the tree budget needs a hit model")
             if self.start_budget not in self.budgets:
                 raise ValueError(f"start budget {self.start_budget} not among {self.budgets}")
             self.budget = self.start_budget
@@ -510,11 +560,13 @@ class ChainController:
         chain waits at the cloud; where the edge is slower, none ever does."""
         self.round_trip_s = seconds
 
-    def observe_tree_pass(self, seconds: float, trees: float = 1.0) -> None:
-        """A tree pass took `seconds`; it drafted `trees` times its own tree's tips (forks'
-        trees along with it, `deepspec-tree`), which a pass at another budget scales too."""
+    def observe_tree_pass(self, seconds: float, tips: int = 1, own: int | None = None) -> None:
+        """A tree pass of `tips` tips took `seconds`; its own tree had `own` of them (fewer
+        where forks' trees were drafted along, `deepspec-tree`: a pass at another budget
+        drafts them at that budget too)."""
         self.tree_pass.update(seconds)
-        self.pass_trees.update(trees)
+        self.pass_trees.append(tips / (own or tips))
+        self.pass_cost.observe(tips, seconds)
 
     def observe_draft(self, seconds: float) -> None:
         self.draft.update(seconds)
@@ -542,17 +594,17 @@ class ChainController:
         """The budget for the next tree (`best_budget`), once the hit model predicts; a pass
         at another budget costs the measured pass times the profile's ratio, at the measured
         trees per pass: forks' trees are drafted at the chain's budget too."""
-        assert self.budget is not None and self.tree_seconds is not None
-        assert self.hit_model is not None
+        assert self.budget is not None and self.hit_model is not None
         hits = {b: self.hit_model(self.gamma, b) for b in self.budgets}
         if None in hits.values():
             return self.budget
-        trees, cost = self.pass_trees.value or 1.0, self.tree_seconds
+        trees, cost = self.pass_trees or [1.0], self.tree_seconds or self.pass_cost
 
-        def pass_s(budget: int) -> float:
-            return cost(round(trees * budget))
+        def pass_s(budget: int) -> float:  # the mean over the passes' shapes: they vary a lot
+            return sum(cost(max(round(k * budget), 1)) for k in trees) / len(trees)
 
-        scale = est.tree_pass_s / pass_s(self.budget)
+        now = pass_s(self.budget)
+        scale = est.tree_pass_s / now if now > 0 else 1.0
         return best_budget(self.budget, self.budgets, (self.gamma, self.depth), est,
                            pass_s=lambda b: scale * pass_s(b),
                            miss=lambda b: 1.0 - hits[b],  # type: ignore[operator]

@@ -239,6 +239,7 @@ class PipelineEdge(SpecEdge):
         # the tree of a chain sent ahead whose next pass waits for the verdict due first
         self.held: Speculation | None = None
         self.pass_s: float | None = None  # the last tree pass's time
+        self.pass_tips = (1, 1)  # the tree pass in flight's tips: in all, and its own tree's
         self.sent_at: float | None = None  # when the chain awaiting its verdict left, if alone
         self.opened_at: float | None = None  # when the Hello left
         self.round_trip: float | None = None  # the handshake's (the cloud answers at once)
@@ -441,6 +442,7 @@ class PipelineEdge(SpecEdge):
                 branch.nodes.append(spec.offset + spec.nodes + len(tokens) - 1)
         spec.nodes += len(tokens)
         self.count("tree_nodes", len(tokens))
+        self.pass_tips = (len(tokens), len(spec.pass_branches))
         context = self.cache.tokens
         return self.compute(Purpose.TREE, TreeForward(tuple(tokens), tuple(parents), len(context)))
 
@@ -462,14 +464,7 @@ class PipelineEdge(SpecEdge):
         if purpose == Purpose.DRAFT:
             self.controller.observe_draft(seconds)
         else:
-            self.controller.observe_tree_pass(seconds, self._pass_trees())
-
-    def _pass_trees(self) -> float:
-        """The pass just run, in its own tree's tips: 1, or more with forks' trees along."""
-        spec = self._drafting
-        assert spec is not None
-        tips = [len(branches) for _, branches in spec.pass_layout]
-        return sum(tips) / tips[0] if tips and tips[0] else 1.0
+            self.controller.observe_tree_pass(seconds, *self.pass_tips)
 
     def _tree_done(self, rows: LogitRows) -> list[Action]:
         """One tree pass is back: extend every branch, then draft on, send the next chain ahead,

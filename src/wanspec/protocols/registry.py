@@ -92,7 +92,7 @@ def make_edge(
             f"{info.name!r} keeps one chain in flight"
         )
     if settings.adaptive_budget:
-        _check_budget_choice(info.name, settings, tree_seconds)
+        _check_budget_choice(info.name, settings)
     adaptive_srdv = settings.adaptive_srdv_k or settings.adaptive_srdv_m
     if adaptive_srdv and not (info.scheme is not None and info.scheme.candidate_sets):
         which = "srdv_k" if settings.adaptive_srdv_k else "srdv_m"
@@ -186,20 +186,13 @@ def _candidate_planner(settings: GenerationSettings) -> CandidatePlanner:
     )
 
 
-def _check_budget_choice(
-    method: str, settings: GenerationSettings, tree_seconds: Callable[[int], float] | None
-) -> None:
-    """`tree_budget="auto"` prices each budget at its pass time: it needs a tree, a pass cost
-    per tips, and a budget the planner does not fix."""
+def _check_budget_choice(method: str, settings: GenerationSettings) -> None:
+    """`tree_budget="auto"` prices each budget at its pass time: it needs a tree and a budget
+    the planner does not fix."""
     if get_method(method).family != "pipeline" or method == "picospec":
         raise ValueError(f"tree_budget 'auto' needs a pipeline with a tree; {method!r} drafts none")
     if settings.tree_fixed:
         raise ValueError("tree_budget 'auto' chooses the budget; tree_fixed would hold it")
-    if tree_seconds is None:
-        raise ValueError(
-            "tree_budget 'auto' needs the edge's pass cost per tips (a latency profile such as "
-            "edge-orin); this edge has none, and drafts tree_budget tips"
-        )
 
 
 def _budgets(settings: GenerationSettings) -> tuple[int, ...]:
