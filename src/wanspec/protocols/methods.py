@@ -21,6 +21,7 @@ class MethodInfo:
     family: str = "speculative"  # speculative | pipeline | ar | split: which machines run it
     sends_ahead: bool = False  # a pipeline that sends the next chain before the verdict
     sends_forks: bool = False  # … and its trees' branches, which the cloud takes on a rejection
+    drafts_tree: bool = True  # a pipeline that drafts alternatives while a chain is verified
     # the driver's clock steers what the machines draw (each round's law stays exact), so a
     # seed's tokens, messages and bits depend on the link's and the compute's timing
     tokens_follow_timing: bool = False
@@ -140,6 +141,7 @@ METHODS: dict[str, MethodInfo] = {
             True,
             source="AceSpec baseline (PicoSpec)",
             family="pipeline",
+            drafts_tree=False,
         ),
         MethodInfo(
             "acespec",

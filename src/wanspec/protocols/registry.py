@@ -92,7 +92,7 @@ def make_edge(
             f"{info.name!r} keeps one chain in flight"
         )
     if settings.adaptive_budget:
-        _check_budget_choice(info.name, settings)
+        _check_budget_choice(info, settings)
     adaptive_srdv = settings.adaptive_srdv_k or settings.adaptive_srdv_m
     if adaptive_srdv and not (info.scheme is not None and info.scheme.candidate_sets):
         which = "srdv_k" if settings.adaptive_srdv_k else "srdv_m"
@@ -133,7 +133,7 @@ def make_edge(
         **common,
     )
     if info.family == "pipeline":
-        planner = _planner(info.name, settings, tree_seconds)
+        planner = _planner(info, settings, tree_seconds)
         depth = settings.chains_in_flight if info.sends_ahead else 1
         start = min(DEFAULT_GAMMA, settings.gamma) if settings.adaptive_gamma else settings.gamma
         budgets = _budgets(settings)  # () unless chosen
@@ -186,11 +186,13 @@ def _candidate_planner(settings: GenerationSettings) -> CandidatePlanner:
     )
 
 
-def _check_budget_choice(method: str, settings: GenerationSettings) -> None:
+def _check_budget_choice(info: MethodInfo, settings: GenerationSettings) -> None:
     """`tree_budget="auto"` prices each budget at its pass time: it needs a tree and a budget
     the planner does not fix."""
-    if get_method(method).family != "pipeline" or method == "picospec":
-        raise ValueError(f"tree_budget 'auto' needs a pipeline with a tree; {method!r} drafts none")
+    if info.family != "pipeline" or not info.drafts_tree:
+        raise ValueError(
+            f"tree_budget 'auto' needs a pipeline with a tree; {info.name!r} drafts none"
+        )
     if settings.tree_fixed:
         raise ValueError("tree_budget 'auto' chooses the budget; tree_fixed would hold it")
 
@@ -206,10 +208,10 @@ def _budgets(settings: GenerationSettings) -> tuple[int, ...]:
 
 
 def _planner(
-    method: str, settings: GenerationSettings, tree_seconds: Callable[[int], float] | None
+    info: MethodInfo, settings: GenerationSettings, tree_seconds: Callable[[int], float] | None
 ) -> BranchPlanner | None:
-    """AceSpec's budget and shape policy (None for PicoSpec: no branches at all)."""
-    if method == "picospec":
+    """AceSpec's budget and shape policy (None for a pipeline with no branches: PicoSpec)."""
+    if not info.drafts_tree:
         return None
     return BranchPlanner(
         b_max=settings.tree_budget,
