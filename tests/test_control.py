@@ -475,7 +475,8 @@ def test_the_controller_refuses_budgets_it_cannot_price() -> None:
 def test_the_timed_pass_cost_is_the_line_through_the_mean_pass_at_each_tips_count() -> None:
     """Passes of 1, 16 and 64 tips on a line 40 ms + 0.25 ms per tip (the 16-tip passes twice,
     either side of it) give back that line; one tips count alone gives a flat cost, and a cost
-    falling with the tips (noise) gives a flat one, never a pass cheaper for more tips."""
+    falling with the tips (noise) gives a flat one, never a pass cheaper for more tips; a tips
+    count timed often weighs more than one timed once."""
     cost = PassCost(weight=0.5)
     for tips, seconds in [(1, 0.04025), (16, 0.045), (16, 0.043), (64, 0.056)]:
         cost.observe(tips, seconds)
@@ -489,6 +490,12 @@ def test_the_timed_pass_cost_is_the_line_through_the_mean_pass_at_each_tips_coun
     falling.observe(1, 0.05)
     falling.observe(64, 0.04)
     assert falling.line()[1] == 0.0 and falling(64) == pytest.approx(0.045)
+    often = PassCost()  # ten passes at 16 tips pin the line there against one slow 64-tip pass
+    often.observe(1, 0.040)
+    for _ in range(10):
+        often.observe(16, 0.044)
+    often.observe(64, 0.070)
+    assert often(16) == pytest.approx(0.044, rel=0.02)
     assert not PassCost().known and cost.known
     with pytest.raises(ValueError, match="no pass timed"):
         PassCost()(16)
