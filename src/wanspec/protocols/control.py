@@ -421,10 +421,6 @@ class PassCost:
     _means: dict[int, Ewma] = field(default_factory=dict)
     _counts: dict[int, int] = field(default_factory=dict)
 
-    @property
-    def known(self) -> bool:
-        return bool(self._means)
-
     def observe(self, tips: int, seconds: float) -> None:
         if tips < 1 or not math.isfinite(seconds) or seconds < 0:
             raise ValueError(f"a pass of {tips} tips cannot take {seconds} s")
@@ -592,8 +588,9 @@ class ChainController:
 
     def _best_budget(self, est: Estimates) -> int:
         """The budget for the next tree (`best_budget`), once the hit model predicts; a pass
-        at another budget costs the measured pass times the profile's ratio, at the measured
-        trees per pass: forks' trees are drafted at the chain's budget too."""
+        at another budget costs the measured pass times the ratio of the profile's (or the
+        fitted line's) costs, at the last passes' shapes: forks' trees are drafted at the
+        chain's budget too."""
         assert self.budget is not None and self.hit_model is not None
         hits = {b: self.hit_model(self.gamma, b) for b in self.budgets}
         if None in hits.values():
