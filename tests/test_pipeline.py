@@ -87,6 +87,27 @@ def test_deepspec_gives_acespecs_tokens_with_chains_sent_ahead(
     tally.check(chains)
 
 
+def test_an_edge_without_a_latency_profile_sizes_its_trees_by_the_passes_it_times(
+    shared_world: World,
+) -> None:
+    """AceSpec's budget (the most tips whose tree fits the window) needs a pass's cost per
+    tips: an edge with no profile (every live edge) fits it to its own timed passes. Its first
+    tree, before any pass is timed, is drafted at B_max; then a window shorter than the chain's
+    passes (2 ms against 4 passes of 1 ms or more) leaves no alternative, and a long one
+    (300 ms) keeps B_max. The tokens are a fixed budget's."""
+    budgets = {}
+    for rtt in (0.002, 0.3):
+        link, settings = Link(bandwidth_bps=1e7, rtt_s=rtt), dict(seed=0, max_new_tokens=40)
+        fixed, _, _ = shared_world.run("acespec", link=link, tree_fixed=True, **settings)
+        aware, edge, _ = shared_world.run("acespec", link=link, **settings)
+        assert aware.tokens == fixed.tokens
+        assert edge.pass_cost is edge.planner.tree_seconds
+        budgets[rtt] = [sum(entry["fanout"]) + 1 for entry in edge.rounds_log]
+    default = GenerationSettings().tree_budget
+    assert budgets[0.002][0] == default and set(budgets[0.002][1:]) == {1}
+    assert set(budgets[0.3]) == {default}
+
+
 @pytest.mark.parametrize(
     ("method", "chains", "restart", "short"),
     [("deepspec", 2, 2, True), ("deepspec-tree", 3, 1, True), ("deepspec", 1, 2, False),

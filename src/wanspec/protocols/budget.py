@@ -252,7 +252,8 @@ class BranchPlanner:
     `plan(γ)` then gives the F vector for the next tree.
 
     Budget: `fixed_budget` if set (the ablation compares shapes at one B); otherwise b_max when
-    there is no latency profile (`tree_seconds` None: no network awareness) or no window observed
+    there is no pass cost (`tree_seconds` None, as with `tree_fixed`: no network awareness; an edge
+    with no latency profile gets `control.PassCost`, fitted to its own passes) or no window observed
     yet; otherwise `tree_budget(b_max, window EWMA, tree_seconds, γ)`.
 
     Shape: ``B_alloc = B* − 1``, unlike the paper's ``B* − γ``: here B counts branch TIPS per tree

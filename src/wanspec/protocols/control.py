@@ -413,9 +413,11 @@ def best_budget(
 class PassCost:
     """A pass's seconds as a function of its tips, fitted to the passes the edge has timed:
     a line a + b·tips by least squares through the mean time at each tips count seen (weighted
-    by how often), b ≥ 0. An edge with no latency profile prices the tree budgets with it; one
-    tips count alone (a single budget so far) makes it flat, so a larger budget gets tried
-    once and then priced by its own passes."""
+    by how often), b ≥ 0. An edge with no latency profile prices its trees with it (AceSpec's
+    budget rule, the forks' trees a pass may carry, `tree_budget="auto"`). Before any pass
+    is timed a pass costs nothing, so the first tree is drafted at B_max; one tips count alone
+    (a single budget so far) makes it flat, so a larger budget gets tried once and then priced
+    by its own passes."""
 
     weight: float = 0.3  # each tips count's EWMA weight
     _means: dict[int, Ewma] = field(default_factory=dict)
@@ -430,7 +432,7 @@ class PassCost:
     def line(self) -> tuple[float, float]:
         """(a, b): seconds at zero tips and per tip."""
         if not self._means:
-            raise ValueError("no pass timed yet")
+            return 0.0, 0.0
         tips = np.array(list(self._means), dtype=np.float64)
         secs = np.array([m.value for m in self._means.values()], dtype=np.float64)
         weights = np.array(list(self._counts.values()), dtype=np.float64)
@@ -462,9 +464,7 @@ class ChainController:
     share its own tree is predicted to have; without one (or before it knows), the measured.
     With `budgets` it also chooses the tree budget among them once the hit model predicts,
     after γ and D (`best_budget`), pricing a pass by `tree_seconds` (a latency profile's
-    seconds per tips) or, without one, by `pass_cost`, fitted to the tree passes it is fed (a
-    draft step may also catch the draft's cache up: no pass of one tip); it starts at
-    `start_budget`."""
+    seconds per tips, or the edge's `PassCost`); it starts at `start_budget`."""
 
     start: int
     gamma_max: int
@@ -491,7 +491,6 @@ class ChainController:
     holdable_passes: int = field(init=False, default=0)
     window: Ewma = field(init=False, default_factory=Ewma)
     tree_pass: Ewma = field(init=False, default_factory=Ewma)
-    pass_cost: PassCost = field(init=False, default_factory=PassCost)  # seconds per tips, timed
     # the last passes' tips, each in its own tree's: 1, or more with forks' trees along
     pass_trees: deque[float] = field(init=False, default_factory=lambda: deque(maxlen=PASSES_KEPT))
     draft: Ewma = field(init=False, default_factory=Ewma)
@@ -507,8 +506,8 @@ class ChainController:
         if self.chains_in_flight < 1:
             raise ValueError(f"chains in flight must be at least 1, got {self.chains_in_flight}")
         if self.budgets:
-            if self.hit_model is None:
-                raise ValueError("choosing the tree budget needs a hit model")
+            if self.tree_seconds is None or self.hit_model is None:
+                raise ValueError("choosing the tree budget needs a pass cost and a hit model")
             if self.start_budget not in self.budgets:
                 raise ValueError(f"start budget {self.start_budget} not among {self.budgets}")
             self.budget = self.start_budget
@@ -562,7 +561,6 @@ class ChainController:
         drafts them at that budget too)."""
         self.tree_pass.update(seconds)
         self.pass_trees.append(tips / (own or tips))
-        self.pass_cost.observe(tips, seconds)
 
     def observe_draft(self, seconds: float) -> None:
         self.draft.update(seconds)
@@ -588,14 +586,14 @@ class ChainController:
 
     def _best_budget(self, est: Estimates) -> int:
         """The budget for the next tree (`best_budget`), once the hit model predicts; a pass
-        at another budget costs the measured pass times the ratio of the profile's (or the
-        fitted line's) costs, at the last passes' shapes: forks' trees are drafted at the
-        chain's budget too."""
+        at another budget costs the measured pass times the ratio of `tree_seconds`' costs,
+        at the last passes' shapes: forks' trees are drafted at the chain's budget too."""
         assert self.budget is not None and self.hit_model is not None
         hits = {b: self.hit_model(self.gamma, b) for b in self.budgets}
         if None in hits.values():
             return self.budget
-        trees, cost = self.pass_trees or [1.0], self.tree_seconds or self.pass_cost
+        trees, cost = self.pass_trees or [1.0], self.tree_seconds
+        assert cost is not None
 
         def pass_s(budget: int) -> float:  # the mean over the passes' shapes: they vary a lot
             return sum(cost(max(round(k * budget), 1)) for k in trees) / len(trees)

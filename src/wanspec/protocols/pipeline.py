@@ -74,7 +74,13 @@ from wanspec.protocols.base import (
     position_rng,
 )
 from wanspec.protocols.budget import BranchPlanner, Ewma, ranked_capture
-from wanspec.protocols.control import ChainController, dists_pay, fork_saving_s, holds_pass
+from wanspec.protocols.control import (
+    ChainController,
+    PassCost,
+    dists_pay,
+    fork_saving_s,
+    holds_pass,
+)
 from wanspec.protocols.schemes import dist_probs
 from wanspec.protocols.speculative import EdgeState, Round, SpecEdge
 from wanspec.protocols.uplink import UplinkModel
@@ -212,10 +218,12 @@ class PipelineEdge(SpecEdge):
         send_ahead: bool = False,
         send_forks: bool = False,
         controller: ChainController | None = None,
+        pass_cost: PassCost | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         self.planner = planner
+        self.pass_cost = pass_cost  # fed each tree pass's time where no latency profile is
         self.send_ahead = send_ahead
         self.send_forks = send_forks
         if send_forks and not self.scheme.uploads_dists:
@@ -459,6 +467,8 @@ class PipelineEdge(SpecEdge):
         seconds = self._timed(purpose)
         if purpose == Purpose.TREE and seconds is not None:
             self.pass_s = seconds
+            if self.pass_cost is not None:
+                self.pass_cost.observe(self.pass_tips[0], seconds)
         if self.controller is None or seconds is None:
             return
         if purpose == Purpose.DRAFT:

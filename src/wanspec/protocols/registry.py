@@ -9,7 +9,7 @@ from typing import Any
 from wanspec.protocols.base import Machine
 from wanspec.protocols.budget import BranchPlanner
 from wanspec.protocols.candidates import CandidatePlanner
-from wanspec.protocols.control import ChainController
+from wanspec.protocols.control import ChainController, PassCost
 from wanspec.protocols.endpoints import (
     CloudEndpoint,
     EdgeMachine,
@@ -76,7 +76,8 @@ def make_edge(
 ) -> EdgeMachine:
     """The edge machine of one request. It needs no model: its jobs run on the driver's
     executor (the draft model; for `split`, the target's embedding layer). `tree_seconds(B)`
-    prices one tree pass of B tips on this edge (AceSpec's budget; None: always B_max).
+    prices one tree pass of B tips on this edge (AceSpec's budget; None: fitted to the passes
+    the edge times, `PassCost`).
     `target_tokenizer` (transformers) makes stop strings match as transformers' criteria do,
     special tokens and matches across the prompt/output boundary included."""
     info = get_method(method)
@@ -133,6 +134,9 @@ def make_edge(
         **common,
     )
     if info.family == "pipeline":
+        # without a latency profile the edge prices its tree passes by those it times
+        measured = PassCost() if tree_seconds is None and info.drafts_tree else None
+        tree_seconds = tree_seconds or measured
         planner = _planner(info, settings, tree_seconds)
         depth = settings.chains_in_flight if info.sends_ahead else 1
         start = min(DEFAULT_GAMMA, settings.gamma) if settings.adaptive_gamma else settings.gamma
@@ -158,6 +162,7 @@ def make_edge(
             send_ahead=info.sends_ahead,
             send_forks=info.sends_forks,
             controller=controller,
+            pass_cost=measured,
             **drafting,
         )
     return SpecEdge(**drafting)
