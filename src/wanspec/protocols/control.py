@@ -422,17 +422,20 @@ class PassCost:
     weight: float = 0.3  # each tips count's EWMA weight
     _means: dict[int, Ewma] = field(default_factory=dict)
     _counts: dict[int, int] = field(default_factory=dict)
+    _line: tuple[float, float] = (0.0, 0.0)  # refitted per pass timed, read per budget priced
 
     def observe(self, tips: int, seconds: float) -> None:
         if tips < 1 or not math.isfinite(seconds) or seconds < 0:
             raise ValueError(f"a pass of {tips} tips cannot take {seconds} s")
         self._means.setdefault(tips, Ewma(self.weight)).update(seconds)
         self._counts[tips] = self._counts.get(tips, 0) + 1
+        self._line = self._fit()
 
     def line(self) -> tuple[float, float]:
         """(a, b): seconds at zero tips and per tip."""
-        if not self._means:
-            return 0.0, 0.0
+        return self._line
+
+    def _fit(self) -> tuple[float, float]:
         tips = np.array(list(self._means), dtype=np.float64)
         secs = np.array([m.value for m in self._means.values()], dtype=np.float64)
         weights = np.array(list(self._counts.values()), dtype=np.float64)
@@ -446,7 +449,7 @@ class PassCost:
         return max(float(mean_secs - slope * mean_tips), 0.0), float(slope)
 
     def __call__(self, tips: int) -> float:
-        a, b = self.line()
+        a, b = self._line
         return a + b * tips
 
 
