@@ -209,7 +209,7 @@ def _budgets(settings: GenerationSettings) -> tuple[int, ...]:
     if not settings.adaptive_budget:
         return ()
     cap = settings.tree_budget
-    return tuple(sorted({*(1 << k for k in range(cap.bit_length()) if 1 << k <= cap), cap}))
+    return tuple(sorted({*(1 << k for k in range(cap.bit_length())), cap}))
 
 
 def _planner(
