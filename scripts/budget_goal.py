@@ -50,7 +50,7 @@ def runs(args: argparse.Namespace, rtt: float, bps: float, cells: dict[str, dict
     """Per setting, per seed: (tokens, seconds)."""
     out = {name: np.zeros((args.seeds, 2)) for name in cells}
     for seed in range(args.seeds):
-        pair = synthetic_pair(args.alpha, seed)
+        pair = synthetic_pair(args.alpha, seed, alpha_alt=args.alpha_alt)
         for name, extra in cells.items():
             res = wanspec.generate(
                 pair, f"Question {seed}:", args.method,
@@ -76,10 +76,13 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=8)
     parser.add_argument("--tokens", type=int, default=64)
     parser.add_argument("--alpha", type=float, default=0.8)
+    regimes = "the other regime's α: acceptance alternates in stretches of 16 tokens"
+    parser.add_argument("--alpha-alt", type=float, default=None, help=regimes)
     parser.add_argument("--gammas", default="2,3,4,5,6,7,8", help="the fixed γ, comma-separated")
     args = parser.parse_args()
     cells = settings([int(g) for g in args.gammas.split(",")])
-    print(f"{args.method}, α = {args.alpha}, {args.seeds} seeds × {args.tokens} tokens\n")
+    regimes = "" if args.alpha_alt is None else f" and {args.alpha_alt} in stretches"
+    print(f"{args.method}, α = {args.alpha}{regimes}, {args.seeds} seeds × {args.tokens} tokens\n")
     print("| RTT | rate | best fixed | tok/s | default tok/s | auto | tok/s | / best | / default |")
     print("|---|---|---|---|---|---|---|---|---|")
     for rtt, bps in POINTS:

@@ -18,6 +18,7 @@ from click.testing import CliRunner
 from wanspec.jobs import ComputeCost
 from wanspec.protocols.budget import ALPHA_MAX, tree_budget
 from wanspec.protocols.control import (
+    DEPTH_PRIOR_TOKENS,
     DEPTH_SLACK,
     START_DEPTH,
     SWITCH_GAIN,
@@ -35,7 +36,6 @@ from wanspec.protocols.control import (
     fork_saving_s,
     holds_pass,
     modelled_rate,
-    tokens_per_chain,
     verdict_gap,
 )
 from wanspec.protocols.settings import (
@@ -66,14 +66,35 @@ def best_gamma(current: int, gamma_max: int, alpha: float, chains: int = 1, **li
     return best_setting((current, chains), range(1, gamma_max + 1), [chains], est)[0]
 
 
+def iid_verdicts(gamma: int) -> list[int]:
+    """Accepted counts of chains of γ in the exact shares of i.i.d. acceptance α = 2/3 (3^γ
+    chains): P(k accepted) = (2/3)^k / 3 below γ, (2/3)^γ at γ."""
+    counts = [2**k * 3 ** (gamma - k - 1) for k in range(gamma)] + [2**gamma]
+    return [k for k, n in enumerate(counts) for _ in range(n)]
+
+
 # ----------------------------------------------------------------------------- the model
 
 
 def test_tokens_per_chain_is_the_truncated_geometric_mean() -> None:
     alpha, gamma = 0.7, 5
-    by_sum = sum(alpha**k for k in range(gamma))  # P(at least k + 1 tokens), k = 0..γ−1
-    assert tokens_per_chain(alpha, gamma) == pytest.approx(by_sum)
-    assert tokens_per_chain(0.0, 3) == pytest.approx(1.0, abs=1e-2)  # α clamped, one token
+    assert _est(alpha).tokens(gamma) == pytest.approx((1 - alpha**gamma) / (1 - alpha))
+    assert _est(0.0).tokens(3) == pytest.approx(1.0, abs=1e-2)  # α clamped, one token
+    assert _est(alpha).full(gamma) == pytest.approx(alpha**gamma)
+
+
+def test_acceptance_per_depth_sets_the_full_chains_and_the_tokens_per_chain() -> None:
+    # a pair whose acceptance grows with the depth: the pooled α undersells a long chain
+    rising = _est(0.7, depth_alpha=(0.6, 0.7, 0.8, 0.9))
+    assert rising.full(3) == pytest.approx(0.6 * 0.7 * 0.8)
+    assert rising.full(6) == pytest.approx(0.6 * 0.7 * 0.8 * 0.9 * 0.7 * 0.7)  # α beyond
+    assert rising.tokens(4) == pytest.approx(1 + 0.6 + 0.6 * 0.7 + 0.6 * 0.7 * 0.8)
+    # the cycle's P(full) and the chain sent ahead's P(live) read it too, and so does the rate
+    full = 0.6 * 0.7 * 0.8 * 0.9
+    by_hand = cycle(full, window_s=0.3, tree_s=0.08, redraft_s=0.08, miss_share=0.5,
+                    chains_in_flight=2, pass_s=0.02, live=full)  # fmt: skip
+    assert chain_cycle(4, rising, 2) == by_hand
+    assert modelled_rate(4, rising, 2) == pytest.approx(rising.tokens(4) / by_hand.gap_s)
 
 
 @pytest.mark.parametrize("full", [0.0, 0.4, 0.9])
@@ -217,10 +238,10 @@ def test_the_modelled_rate_weighs_the_restart_chains_tokens_by_their_share() -> 
     est = _est(0.6, window_s=0.3, tree_pass_s=0.04, draft_s=0.04, miss_share=0.3, verify_s=0.15)
     found = chain_cycle(4, est, 2, restart=2)
     share = found.restart_share
-    tokens = (1 - share) * tokens_per_chain(0.6, 4) + share * tokens_per_chain(0.6, 2)
+    tokens = (1 - share) * est.tokens(4) + share * est.tokens(2)
     assert 0 < share < 1
     assert modelled_rate(4, est, 2, restart=2) == pytest.approx(tokens / found.gap_s, rel=1e-12)
-    assert modelled_rate(4, est) == pytest.approx(tokens_per_chain(0.6, 4) / chain_seconds(4, est))
+    assert modelled_rate(4, est) == pytest.approx(est.tokens(4) / chain_seconds(4, est))
 
 
 def test_a_cycle_that_costs_nothing_is_modelled_as_unbounded_not_divided_by_zero() -> None:
@@ -569,8 +590,9 @@ def _fed(forks_of_hits: float) -> ChainController:
     ctl.observe_tree_pass(0.04)
     ctl.observe_draft(0.04)
     ctl.observe_round_trip(0.15)
+    for accepted in iid_verdicts(4):  # α = 2/3 at every depth
+        ctl.observe_verdict(accepted, 4, 0.3)
     for k in range(40):
-        ctl.observe_verdict(2, 4, 0.3)  # 2 of 3 tested accepted: α = 2/3
         ctl.observe_outcome(hit=True, fork=k % 10 < 10 * forks_of_hits)
     return ctl
 
@@ -624,6 +646,41 @@ def test_the_controller_counts_acceptance_as_the_planner_does() -> None:
     ctl.observe_verdict(3, 3, None)  # all accepted: nothing rejected
     assert ctl.alpha == pytest.approx(5 / 6)
     assert ctl.window.value is None
+
+
+def test_the_controller_counts_acceptance_per_depth_shrunk_towards_the_pooled_alpha() -> None:
+    ctl = ChainController(start=4, gamma_max=6)
+    ctl.observe_verdict(2, 4, None)  # depths 1, 2 accepted, 3 rejected, 4 never tested
+    ctl.observe_verdict(4, 4, None)
+    ctl.observe_verdict(0, 4, None)
+    assert ctl.depth_tested == [3, 2, 2, 1, 0, 0]
+    assert ctl.depth_accepted == [2, 2, 1, 1, 0, 0]
+    alpha, prior = ctl.alpha, DEPTH_PRIOR_TOKENS
+    assert alpha == pytest.approx(6 / 8)
+    by_depth = [(a + prior * alpha) / (t + prior) for a, t in [(2, 3), (2, 2), (1, 2), (1, 1)]]
+    assert ctl.depth_alpha == pytest.approx([*by_depth, alpha, alpha])
+    with pytest.raises(ValueError, match="accepted"):
+        ctl.observe_verdict(5, 4, None)
+
+
+def test_acceptance_that_grows_with_depth_buys_longer_chains() -> None:
+    """Chains mostly rejected at their first token, and mostly accepted whole once past it (a
+    real pair's easy and hard stretches): the pooled α undersells a long chain."""
+    ctl = ChainController(start=4, gamma_max=8)
+    ctl.observe_tree_pass(0.02)
+    ctl.observe_draft(0.02)
+    for accepted, chains in enumerate([40, 6, 5, 5, 44]):
+        for _ in range(chains):
+            ctl.observe_verdict(accepted, 4, 0.1)
+    est = ctl.estimates()
+    assert est.depth_alpha[0] < 0.65 < 0.85 < min(est.depth_alpha[1:4])
+    pooled = replace(est, depth_alpha=())
+    assert est.full(4) > pooled.full(4)
+
+    def gain(at: Estimates) -> float:  # what a chain of 8 earns over one of 2
+        return modelled_rate(8, at) / modelled_rate(2, at)
+
+    assert gain(est) > 1.05 * gain(pooled)
 
 
 @pytest.mark.parametrize(("start", "gamma_max"), [(0, 4), (5, 4)])
@@ -792,6 +849,28 @@ def test_auto_gamma_across_vocabularies_gives_the_tokens_of_a_fixed_gamma(
     auto, edge, _ = hetero_world.run("acespec-x", link=link, gamma="auto", **settings)
     assert auto.tokens == fixed.tokens
     assert len(set(edge.controller.history)) > 1
+
+
+def test_the_controller_leaves_the_first_verdicts_window_out(
+    shared_world: World, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first chain's window also carries the handshake and the cloud's prefill: seeding the
+    window's average, it made a 207 ms window read 300 ms, and γ 7 for chains of 5, for five
+    chains at 50 kbit/s."""
+    seen: list[float | None] = []
+    observe = ChainController.observe_verdict
+
+    def spy(self: ChainController, accepted: int, drafted: int, window_s: float | None) -> None:
+        seen.append(window_s)
+        observe(self, accepted, drafted, window_s)
+
+    monkeypatch.setattr(ChainController, "observe_verdict", spy)
+    link = Link(bandwidth_bps=5e4, rtt_s=0.05)
+    _, edge, _ = shared_world.run("acespec", link=link, gamma="auto", seed=0, max_new_tokens=32)
+    assert seen[0] is None and len(seen) > 3
+    steady = [w for w in seen[1:] if w is not None]
+    assert len(steady) == len(seen) - 1
+    assert min(steady) <= edge.controller.window.value <= max(steady)
 
 
 def test_auto_gamma_is_faster_than_the_default_on_a_long_round_trip(shared_world: World) -> None:

@@ -105,6 +105,8 @@ def test_tree_and_input_errors() -> None:
         {"alpha": 0.5, "vocab_size": 8},
         {"alpha": 0.5, "target_support": 0},
         {"alpha": 0.5, "eos_token_ids": (1000,)},
+        {"alpha": 0.5, "alpha_alt": -0.1},
+        {"alpha": 0.5, "alpha_alt": 0.9, "regime_tokens": 0},
     ],
 )
 def test_bad_specs_are_rejected(kwargs: dict) -> None:
@@ -123,6 +125,24 @@ def test_overlap_is_alpha_at_every_position_even_quantised(alpha: float) -> None
         qp, qq = quantize(row_p), quantize(row_q)
         assert abs(np.minimum(qp, qq).sum() / 65535 - alpha) < 1e-3 * max(alpha, 0.01)
         assert np.count_nonzero(np.isclose(row_q, row_q.max())) == 1  # unique greedy token
+
+
+def test_two_regimes_set_the_overlap_per_stretch_of_positions() -> None:
+    # a long context, so that many stretches of 4 positions are covered
+    draft, target = synthetic_pair(0.9, vocab_size=500, seed=3, alpha_alt=0.4, regime_tokens=4)
+    ids = list(np.random.default_rng(0).integers(0, 500, size=80))
+    p, q = probs(draft.prefill(ids)), probs(target.prefill(ids))
+    overlap = np.minimum(p, q).sum(axis=1)
+    # position of the token predicted by row i is i + 1 (row 0 predicts after one token)
+    expected = [draft.spec.alpha_at(i + 1) for i in range(len(ids))]
+    assert np.allclose(overlap, expected, atol=1e-6)
+    assert set(np.round(overlap, 6)) == {0.9, 0.4}  # both regimes occur
+    for start in range(0, 80, 4):  # one regime per stretch
+        assert len({draft.spec.alpha_at(i) for i in range(start, start + 4)}) == 1
+    # the target is the same whatever the draft's regime
+    _, plain = synthetic_pair(0.9, vocab_size=500, seed=3)
+    assert np.array_equal(q, probs(plain.prefill(ids)))
+    assert "0.4" in draft.name and "0.4" not in plain.name
 
 
 def speculative_rounds(alpha: float, gamma: int, rounds: int, seed: int) -> tuple[int, int, int]:

@@ -210,13 +210,14 @@ def _byte_vocabulary() -> tuple[Any, Any]:
     return tokenizer, VocabAlignment.identity(tokenizer)
 
 
-def synthetic_pair(alpha: float, seed: int) -> Any:
-    """The synthetic pair with i.i.d. acceptance α, as a `wanspec.Pair` (shared byte tokenizer)."""
+def synthetic_pair(alpha: float, seed: int, alpha_alt: float | None = None) -> Any:
+    """The synthetic pair with i.i.d. acceptance α (or α and `alpha_alt` in stretches), as a
+    `wanspec.Pair` (shared byte tokenizer)."""
     import wanspec
     from wanspec.models.synthetic import SyntheticLM, SyntheticSpec
 
     tokenizer, alignment = _byte_vocabulary()
-    spec = SyntheticSpec(alpha, vocab_size=alignment.target_width, seed=seed)
+    spec = SyntheticSpec(alpha, vocab_size=alignment.target_width, seed=seed, alpha_alt=alpha_alt)
     draft, target = SyntheticLM(spec, "draft"), SyntheticLM(spec, "target")
     draft.tokenizer = target.tokenizer = tokenizer
     return wanspec.Pair(target, draft, alignment, target.name, draft.name)

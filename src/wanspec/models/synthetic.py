@@ -10,8 +10,12 @@ weights w, so greedy decoding has a unique argmax); the draft is
 Hence Σ_x min(p(x), q(x)) = α·Σ_A q = α at every position: under standard speculative sampling at
 temperature 1 each drafted token is accepted independently with probability exactly α (a draft in
 A is always accepted since q/p = 1/α ≥ 1, a draft in B never), and the residual max(q − p, 0) is
-∝ q on A. With the default m = 5 and weights 5:4:3:2:1 the target survives 16-bit quantisation
-exactly (65535 is divisible by 15) and the quantised α is off by less than 5/65535.
+∝ q on A. With `alpha_alt`, α alternates between two values in stretches of `regime_tokens`
+positions (each stretch's α drawn from the seed and its index): acceptance is then correlated
+along the text, as a real pair's is, so the acceptance of a draft's k-th token given the k − 1
+before it were accepted grows with k. With the default m = 5 and weights 5:4:3:2:1 the target
+survives 16-bit quantisation exactly (65535 is divisible by 15) and the quantised α is off by
+less than 5/65535.
 
 They implement `LanguageModel` (prefix cache, rollback, tree forward, path keeping) with the same
 tree conventions as the transformers backend, but with no weights and no tokenizer.
@@ -44,10 +48,15 @@ class SyntheticSpec:
     context_tokens: int = 3  # how many trailing tokens (plus the position) key the distribution
     seed: int = 0
     eos_token_ids: tuple[int, ...] = ()
+    alpha_alt: float | None = None  # the other regime's α (None: α at every position)
+    regime_tokens: int = 16  # positions per stretch of one regime
 
     def __post_init__(self) -> None:
-        if not 0.0 <= self.alpha <= 1.0:
-            raise ValueError(f"alpha must lie in [0, 1], got {self.alpha!r}")
+        for alpha in (self.alpha, self.alpha_alt):
+            if alpha is not None and not 0.0 <= alpha <= 1.0:
+                raise ValueError(f"alpha must lie in [0, 1], got {alpha!r}")
+        if self.regime_tokens < 1:
+            raise ValueError(f"regime_tokens must be >= 1, got {self.regime_tokens}")
         if self.target_support < 1 or self.draft_extra < 1:
             raise ValueError("target_support and draft_extra must be >= 1")
         if self.target_support + self.draft_extra > self.vocab_size:
@@ -80,6 +89,13 @@ class SyntheticSpec:
         ids = np.fromiter(chosen, dtype=np.int64)
         return ids[: self.target_support], ids[self.target_support :]
 
+    def alpha_at(self, position: int) -> float:
+        """The acceptance rate of the token drafted at `position` (the context's length)."""
+        if self.alpha_alt is None:
+            return self.alpha
+        stretch = _mix(_mix(self.seed) ^ (position // self.regime_tokens + _GOLDEN))
+        return self.alpha_alt if stretch & 1 else self.alpha
+
     def probs(self, context: Sequence[int], role: Role) -> np.ndarray:
         """The float64 next-token distribution of `role` after `context`."""
         a, b = self.supports(context)
@@ -87,8 +103,9 @@ class SyntheticSpec:
         if role == "target":
             out[a] = self.target_weights
         else:
-            out[a] = self.alpha * self.target_weights
-            out[b] = (1.0 - self.alpha) / self.draft_extra
+            alpha = self.alpha_at(len(context))
+            out[a] = alpha * self.target_weights
+            out[b] = (1.0 - alpha) / self.draft_extra
         return out
 
 
@@ -160,7 +177,8 @@ class SyntheticLM(LanguageModel):
             raise ValueError(f"role must be 'draft' or 'target', got {role!r}")
         self.spec = spec
         self.role: Role = role
-        self.name = f"synthetic-{role}(alpha={spec.alpha}, seed={spec.seed})"
+        regimes = "" if spec.alpha_alt is None else f"/{spec.alpha_alt}:{spec.regime_tokens}"
+        self.name = f"synthetic-{role}(alpha={spec.alpha}{regimes}, seed={spec.seed})"
         self.vocab_size = spec.vocab_size
         self.eos_token_ids = tuple(spec.eos_token_ids)
         self.tokenizer = None

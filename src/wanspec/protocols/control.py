@@ -5,7 +5,10 @@ Pure functions over numbers (no I/O, no clock, no model), plus `ChainController`
 online state a pipeline edge feeds once per chain. The model is the pipelines' cycle-time
 analysis (docs/METHODS.md), checked against the simulator on the i.i.d. synthetic pair:
 
-- tokens per chain (no bonus token in a pipeline): E[L](γ) = (1 − α^γ)/(1 − α);
+- tokens per chain (no bonus token in a pipeline): E[L](γ) = Σ_{k<γ} P(the first k accepted),
+  (1 − α^γ)/(1 − α) for i.i.d. acceptance. The edge measures acceptance per depth: a_k = P(the
+  k-th token accepted | the k − 1 before it were). A real pair's a_k grows with k (easy stretches
+  of text last), so a chain is accepted whole more often than α^γ says: P(full) = Π_{k≤γ} a_k;
 - time per verdict, with D chains in flight (1: `acespec`; `deepspec`: `chains_in_flight`):
   a chain is accepted whole with a = α^γ. After a rejection the next chain leaves at the
   verdict (after a redraft of γ·T_draft on a miss); in a run of full acceptances chain k leaves
@@ -69,6 +72,9 @@ TREE_ROOM = 0.9
 BUDGET_GAIN = 0.01
 # A budget's pass is priced over this many last passes' shapes (own tree and forks' trees).
 PASSES_KEPT = 64
+# Acceptance at a depth is shrunk towards the pooled α as if this many tokens at α had been seen
+# there: a depth drafted a few times must not swing γ.
+DEPTH_PRIOR_TOKENS = 8
 # A run of full acceptances longer than this adds nothing measurable to the expectation.
 RUN_LIMIT = 4096
 # γ changes only when the model predicts at least this much more throughput than the current γ
@@ -105,12 +111,6 @@ def holds_pass(*, idle_s: float, pass_s: float, full: float) -> bool:
     a rejection (P = 1 − `full`: the chain sent ahead turns stale) waits for; held, that tree
     starts `idle_s` later, which costs only when the chain is accepted whole (P = `full`)."""
     return 0 < idle_s < pass_s and (1 - full) * (pass_s - idle_s) > full * idle_s
-
-
-def tokens_per_chain(alpha: float, gamma: int) -> float:
-    """E[L]: tokens a chain of γ commits (accepted ones, plus the resolved one at a rejection)."""
-    alpha = min(max(alpha, ALPHA_MIN), ALPHA_MAX)
-    return (1 - alpha**gamma) / (1 - alpha)
 
 
 @dataclass(frozen=True)
@@ -295,6 +295,23 @@ class Estimates:
     fork_share_of_hits: float = 0.0
     # the share of the passes of chains sent ahead the edge may hold (not drafting forks' trees)
     holdable: float = 1.0
+    # per depth 1, 2, …: P(a chain's token there is accepted | the ones before it were); `alpha`
+    # beyond its end (empty: i.i.d. acceptance)
+    depth_alpha: tuple[float, ...] = ()
+
+    def accept(self, depth: int) -> float:
+        """P(a chain's token at `depth` (1 = first) is accepted | the ones before it were)."""
+        alpha = self.depth_alpha[depth - 1] if depth <= len(self.depth_alpha) else self.alpha
+        return min(max(alpha, ALPHA_MIN), ALPHA_MAX)
+
+    def full(self, length: int) -> float:
+        """P(a chain's first `length` tokens are all accepted)."""
+        return math.prod(self.accept(k) for k in range(1, length + 1))
+
+    def tokens(self, gamma: int) -> float:
+        """E[L]: tokens a chain of γ commits (accepted ones, plus the resolved one at a
+        rejection), Σ_{k<γ} P(at least k + 1 tokens) = Σ_{k<γ} P(the first k accepted)."""
+        return sum(self.full(k) for k in range(gamma))
 
     def miss(self, gamma: int) -> float:
         if self.miss_by_gamma is None or gamma not in self.miss_by_gamma:
@@ -310,10 +327,9 @@ class Estimates:
 def chain_cycle(gamma: int, est: Estimates, chains_in_flight: int = 1, restart: int = 0) -> Cycle:
     """The cycle at draft length γ with D chains in flight; with `restart` (`restart_length`,
     0 = off) each miss is followed by a chain that long, where more than one is in flight."""
-    alpha = min(max(est.alpha, ALPHA_MIN), ALPHA_MAX)
 
     def goes_on(length: int) -> float:  # accepted whole, or a fork taken (a whole chain too)
-        full = alpha**length
+        full = est.full(length)
         return min(full + (1.0 - full) * est.fork(gamma), ALPHA_MAX)
 
     fork = est.fork(gamma)
@@ -328,7 +344,7 @@ def chain_cycle(gamma: int, est: Estimates, chains_in_flight: int = 1, restart: 
         chains_in_flight=chains_in_flight,
         verify_s=est.verify_s,
         pass_s=est.tree_pass_s,
-        live=alpha**gamma,
+        live=est.full(gamma),
         holdable=est.holdable,
         restart_full=goes_on(restart) if restarts else None,
         restart_redraft_s=restart * est.draft_s,
@@ -345,9 +361,9 @@ def modelled_rate(gamma: int, est: Estimates, chains_in_flight: int = 1, restart
     restart chain's in the share of verdicts that are on one."""
     found = chain_cycle(gamma, est, chains_in_flight, restart)
     share = found.restart_share
-    tokens = (1 - share) * tokens_per_chain(est.alpha, gamma)
+    tokens = (1 - share) * est.tokens(gamma)
     if share:
-        tokens += share * tokens_per_chain(est.alpha, restart)
+        tokens += share * est.tokens(restart)
     return tokens / found.gap_s if found.gap_s > 0 else math.inf
 
 
@@ -487,6 +503,10 @@ class ChainController:
     verdicts: int = field(init=False, default=0)
     accepted: int = field(init=False, default=0)
     tested: int = field(init=False, default=0)
+    # per depth 1..γ_max: tokens accepted there, and tokens tested there (the ones before
+    # accepted)
+    depth_accepted: list[int] = field(init=False)
+    depth_tested: list[int] = field(init=False)
     rejections: int = field(init=False, default=0)
     misses: int = field(init=False, default=0)
     forks: int = field(init=False, default=0)
@@ -515,6 +535,8 @@ class ChainController:
                 raise ValueError(f"start budget {self.start_budget} not among {self.budgets}")
             self.budget = self.start_budget
         self.gamma = self.start
+        self.depth_accepted = [0] * self.gamma_max
+        self.depth_tested = [0] * self.gamma_max
         self.depth = (
             min(START_DEPTH, self.chains_in_flight) if self.adapt_depth else (self.chains_in_flight)
         )
@@ -524,10 +546,23 @@ class ChainController:
         """The per-token acceptance rate (accepted / tested, as `BranchPlanner.alpha`)."""
         return self.accepted / self.tested if self.tested else PRIOR_ALPHA
 
+    @property
+    def depth_alpha(self) -> tuple[float, ...]:
+        """Acceptance per depth (`Estimates.depth_alpha`), each shrunk towards the pooled α by
+        `DEPTH_PRIOR_TOKENS`: a depth seldom reached keeps about α."""
+        prior, alpha = DEPTH_PRIOR_TOKENS, self.alpha
+        counts = zip(self.depth_accepted, self.depth_tested, strict=True)
+        return tuple((a + prior * alpha) / (t + prior) for a, t in counts)
+
     def observe_verdict(self, accepted: int, drafted: int, window_s: float | None) -> None:
+        if not 0 <= accepted <= drafted:
+            raise ValueError(f"accepted {accepted} of {drafted} drafted")
         self.verdicts += 1
         self.accepted += accepted
         self.tested += accepted + int(accepted < drafted)
+        for depth in range(min(accepted + 1, drafted, self.gamma_max)):
+            self.depth_tested[depth] += 1
+            self.depth_accepted[depth] += int(depth < accepted)
         if window_s is not None:
             self.window.update(window_s)
 
@@ -583,9 +618,8 @@ class ChainController:
         forks = self.forks / (self.rejections - self.misses + 1)
         # one pseudo-pass that may be held: before any chain goes ahead, its passes may be
         holdable = (self.holdable_passes + 1) / (self.ahead_passes + 1)
-        return Estimates(
-            self.alpha, window, tree, draft, miss_share, verify, self._misses(), forks, holdable
-        )
+        return Estimates(self.alpha, window, tree, draft, miss_share, verify, self._misses(),
+                         forks, holdable, self.depth_alpha)  # fmt: skip
 
     def _best_budget(self, est: Estimates) -> int:
         """The budget for the next tree (`best_budget`), once the hit model predicts; a pass

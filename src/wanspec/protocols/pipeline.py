@@ -712,8 +712,12 @@ class PipelineEdge(SpecEdge):
     def _observe(self, accepted: int) -> None:
         drafted = len(self.round.tokens)
         window = None if self.sent_at is None or self.now is None else self.now - self.sent_at
+        # the first verdict's window is unlike the rest (the handshake went up just before its
+        # chain, the cloud's prefill ran in it)
+        steady = bool(self.accepted_per_round)
         if self.controller is not None:
-            self.controller.observe_verdict(accepted, drafted, window)
+            # seeding the window's average, it would hold γ and B too long for several chains
+            self.controller.observe_verdict(accepted, drafted, window if steady else None)
             if self.sent_at is None and None not in (self.now, self.verdict_at):
                 # a chain sent ahead: its verdict follows the one before by T_verify at least,
                 # and by exactly that when it waited at the cloud
@@ -721,11 +725,10 @@ class PipelineEdge(SpecEdge):
         if self.sent_at is None and self.now is not None and self.verdict_at is not None:
             self.verdict_gap.update(self.now - self.verdict_at)
         self.verdict_at = self.now
-        # the first verdict's window is unlike the rest (the handshake went up just before its
-        # chain, the cloud's prefill ran in it): fitted with one more window, it can make the
-        # fastest rate look best, and then forks flood a slow uplink
+        # fitted with one more window, the first can make the fastest rate look best, and then
+        # forks flood a slow uplink
         measured = self.lone_send is not None and window is not None
-        if self.uplink is not None and measured and self.accepted_per_round:
+        if self.uplink is not None and measured and steady:
             self.uplink.answered(self.lone_send, self.sent_at, window, self.reply_bits)
         self.lone_send = None
         if self.planner is None:
