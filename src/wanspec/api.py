@@ -236,7 +236,7 @@ def _model_sampling(pair: Any, settings: dict[str, Any]) -> dict[str, Any]:
 
 def _tree_seconds(profile: str | Profile) -> Any:
     """T_tree(B) of the edge profile for AceSpec's budget, or None where the profile prices
-    only what it measures (then the budget is B_max)."""
+    only what it measures (then the edge prices a pass by the passes it times, `PassCost`)."""
     loaded = load_profile(profile)
     try:
         loaded.seconds(ComputeCost("tree", n=1))
