@@ -10,7 +10,7 @@ analysis (docs/METHODS.md), checked against the simulator on the i.i.d. syntheti
   k-th token accepted | the k − 1 before it were). A real pair's a_k grows with k (easy stretches
   of text last), so a chain is accepted whole more often than α^γ says: P(full) = Π_{k≤γ} a_k;
 - time per verdict, with D chains in flight (1: `acespec`; `deepspec`: `chains_in_flight`):
-  a chain is accepted whole with a = α^γ. After a rejection the next chain leaves at the
+  a chain is accepted whole with a = P(full). After a rejection the next chain leaves at the
   verdict (after a redraft of γ·T_draft on a miss); in a run of full acceptances chain k leaves
   once the tree of chain k − 1 is drafted (τ = γ·T_tree after it left) and chain k − D has its
   verdict, and its verdict comes W = RTT + T_verify after it left, or T_verify after the one
@@ -27,11 +27,12 @@ analysis (docs/METHODS.md), checked against the simulator on the i.i.d. syntheti
   such passes that could be held;
 - a rejection whose branch went up as a fork (`deepspec-tree`) is no end of the run: the cloud
   verifies the fork at once, as it would the continuation after a full acceptance, so the run
-  goes on with P = α^γ + (1 − α^γ)·P(fork | rejection), and only the other rejections hit or miss.
+  goes on with P = a + (1 − a)·P(fork | rejection), and only the other rejections hit or miss.
 - with more than one chain in flight the run after a miss starts with a shorter chain of k
-  (`restart_length`): drafted in k·T_draft, going on with α^k, committing E[L](k). Runs start on
-  time, late or with such a chain: the stationary shares of a Markov chain over the runs' starts
-  weigh them, and the share of verdicts on restart chains weighs their tokens.
+  (`restart_length`): drafted in k·T_draft, going on with P(the first k accepted), committing
+  E[L](k). Runs start on time, late or with such a chain: the stationary shares of a Markov
+  chain over the runs' starts weigh them, and the share of verdicts on restart chains weighs
+  their tokens.
 
 - the tree budget B (`tree_budget="auto"`): a pass of B tips costs T_tree(B) (the edge's latency
   profile, scaled to the passes measured) and its tree misses the share the planner's hit model
