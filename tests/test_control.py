@@ -16,7 +16,7 @@ import pytest
 from click.testing import CliRunner
 
 from wanspec.jobs import ComputeCost
-from wanspec.protocols.budget import ALPHA_MAX, tree_budget
+from wanspec.protocols.budget import tree_budget
 from wanspec.protocols.control import (
     DEPTH_PRIOR_TOKENS,
     DEPTH_SLACK,
@@ -33,6 +33,7 @@ from wanspec.protocols.control import (
     chain_seconds,
     cycle,
     dists_pay,
+    fork_pays,
     fork_saving_s,
     holds_pass,
     modelled_rate,
@@ -193,28 +194,29 @@ def test_a_chain_always_accepted_whole_has_no_cycle() -> None:
 
 
 def test_the_chain_cycle_reads_each_estimate_at_its_own_draft_length() -> None:
-    """At γ = 4 with D = 2 and a one-token restart: the miss share of γ's tree (not the default),
-    less the forks among the rejections; P(go on) of a chain and of the restart chain, each with
-    its forks; a chain sent ahead stays live with P = α^γ (a fork taken does not keep it); the
-    edge's holdable share; the restart's redraft of one step."""
+    """At γ = 4 with D = 2 and a one-token restart: the miss share of γ's tree (not the default);
+    P(accepted whole) of a chain and of the restart chain; a rejection's P(fork) from the hits of
+    γ's tree, the round trip a fork saves and the forks' trees drafted along; a chain sent ahead
+    stays live with P = α^γ (a fork taken does not keep it); the edge's holdable share; the
+    restart's redraft of one step."""
     alpha, draft = 0.6, 0.04
     est = Estimates(alpha=alpha, window_s=0.3, tree_pass_s=0.04, draft_s=draft, miss_share=0.9,
                     verify_s=0.15, miss_by_gamma={1: 0.05, 4: 0.4}, fork_share_of_hits=0.5,
-                    holdable=0.5)  # fmt: skip
-    fork = (1 - 0.4) * 0.5
+                    fork_tree_share=0.25, holdable=0.5)  # fmt: skip
     by_hand = cycle(
-        alpha**4 + (1 - alpha**4) * fork,
+        alpha**4,
         window_s=0.3,
         tree_s=4 * 0.04,
         redraft_s=4 * draft,
-        miss_share=0.4 / (1 - fork),
+        miss_share=0.4,
         chains_in_flight=2,
         verify_s=0.15,
         pass_s=0.04,
-        live=alpha**4,
         holdable=0.5,
-        restart_full=alpha + (1 - alpha) * fork,
+        restart_full=alpha,
         restart_redraft_s=draft,
+        fork=(1 - 0.4) * 0.5,
+        fork_tree=0.25,
     )
     assert chain_cycle(4, est, 2, restart=1) == by_hand
     assert by_hand.restart_share > 0
@@ -229,8 +231,8 @@ def test_the_chain_cycle_reads_each_estimate_at_its_own_draft_length() -> None:
 def test_rejections_all_taken_as_forks_leave_no_miss_to_redraft() -> None:
     est = Estimates(alpha=0.5, window_s=0.3, tree_pass_s=0.04, draft_s=0.04, miss_share=0.0,
                     fork_share_of_hits=1.0)  # fmt: skip
-    by_hand = cycle(ALPHA_MAX, window_s=0.3, tree_s=0.12, redraft_s=0.12, miss_share=0.0,
-                    chains_in_flight=2, pass_s=0.04, live=0.125)  # fmt: skip
+    by_hand = cycle(0.125, window_s=0.3, tree_s=0.12, redraft_s=0.12, miss_share=0.0,
+                    chains_in_flight=2, pass_s=0.04, fork=1.0)  # fmt: skip
     assert chain_cycle(3, est, 2) == by_hand
 
 
@@ -534,7 +536,7 @@ def test_the_hit_model_keeps_chains_short_when_long_trees_would_miss() -> None:
         ctl.observe_draft(0.1)  # a miss costs a slow redraft
         for _ in range(20):
             ctl.observe_verdict(3, 4, 0.5)
-            ctl.observe_outcome(hit=True)
+            ctl.observe_outcome(hit=True, depth=0)
     assert plain.estimates().miss(8) == pytest.approx(plain.estimates().miss_share)
     assert thin.estimates().miss(8) == 1.0  # the model: no hit left at γ = 8
     assert thin.next_gamma() < plain.next_gamma()
@@ -583,17 +585,20 @@ def test_the_handshake_round_trip_bounds_the_cloud_time_where_no_chain_waits() -
     assert ctl.estimates().verify_s == pytest.approx(0.04)
 
 
-def _fed(forks_of_hits: float) -> ChainController:
-    """A deepspec-tree controller after 40 verdicts at α ≈ 0.65 over a 300 ms window, its hits
-    taken as forks in the given share."""
-    ctl = ChainController(start=4, gamma_max=8, chains_in_flight=2)
+def _fed(
+    forks_of_hits: float, *, sends_forks: bool = True, in_time: bool = True
+) -> ChainController:
+    """A controller after 81 verdicts at α = 2/3 over a 300 ms window and 40 hits, 10 at each
+    depth, taken as forks in the given share (deepspec-tree; `sends_forks` False: deepspec)."""
+    ctl = ChainController(start=4, gamma_max=8, chains_in_flight=2, sends_forks=sends_forks)
     ctl.observe_tree_pass(0.04)
     ctl.observe_draft(0.04)
     ctl.observe_round_trip(0.15)
     for accepted in iid_verdicts(4):  # α = 2/3 at every depth
         ctl.observe_verdict(accepted, 4, 0.3)
     for k in range(40):
-        ctl.observe_outcome(hit=True, fork=k % 10 < 10 * forks_of_hits)
+        fork = k % 10 < 10 * forks_of_hits
+        ctl.observe_outcome(hit=True, depth=k % 4, fork=fork, in_time=fork or in_time)
     return ctl
 
 
@@ -601,9 +606,11 @@ def test_forks_taken_keep_the_chains_short() -> None:
     """A rejection whose branch is a fork with the cloud costs no window, so the run of chains
     in flight goes on: the round trip a long chain amortises is paid less often, and the
     controller keeps shorter chains than where every rejection waits a window."""
-    plain, forked = _fed(0.0), _fed(0.5)
+    plain, forked = _fed(0.0, sends_forks=False), _fed(0.5)
     assert plain.estimates().fork_share_of_hits == 0.0
-    assert forked.estimates().fork_share_of_hits == pytest.approx(20 / 41)  # one pseudo-hit
+    assert plain.estimates().depth_fork_share == ()
+    # one pseudo-fork in two pseudo-hits
+    assert forked.estimates().fork_share_of_hits == pytest.approx(21 / 42)
     assert forked.next_gamma() < plain.next_gamma()
     est, none = forked.estimates(), plain.estimates()
     rates = [(modelled_rate(g, est, 2), modelled_rate(g, none, 2)) for g in range(1, 9)]
@@ -612,20 +619,95 @@ def test_forks_taken_keep_the_chains_short() -> None:
     assert rates[-1][0] == pytest.approx(rates[-1][1])
 
 
+def _forking(**fields: float) -> Estimates:
+    """Every hit a fork, no miss, over a 300 ms window with the cloud at 150 ms per chain."""
+    base = dict(alpha=0.6, window_s=0.3, tree_pass_s=0.04, draft_s=0.04, miss_share=0.0,
+                verify_s=0.15, fork_share_of_hits=1.0)  # fmt: skip
+    return Estimates(**{**base, **fields})  # type: ignore[arg-type]
+
+
+def test_a_fork_saves_what_its_chains_tree_leaves_of_the_window() -> None:
+    """A fork goes up once its chain's tree is drafted, and its verdict comes a window after at
+    the earliest. γ = 3's tree (120 ms) leaves 180 ms of the 300 ms window, more than the round
+    trip a fork can save (150 ms; the cloud takes 150 per chain); γ = 7's (280 ms) leaves 20 ms;
+    γ = 8's outlasts the window, and no fork goes up after the verdict."""
+    forks, none = _forking(), _forking(fork_share_of_hits=0.0)
+    saved = {g: chain_seconds(g, none, 2) - chain_seconds(g, forks, 2) for g in (3, 7, 8)}
+    assert saved[3] > saved[7] > 0
+    assert saved[8] == 0
+
+
+def test_a_fork_taken_without_its_tree_delays_the_chain_after_it() -> None:
+    """A fork's tree drafted along, in the passes of the chain sent after the fork's, is ready
+    when the fork is taken; any other starts after the verdict, and the chain after the fork
+    leaves only once it is drafted."""
+    along, after = _forking(fork_tree_share=1.0), _forking(fork_tree_share=0.0)
+    assert chain_cycle(4, after, 2).gap_s > chain_cycle(4, along, 2).gap_s
+    without = dict(fork_share_of_hits=0.0)
+    assert chain_cycle(4, _forking(**without, fork_tree_share=0.0), 2) == chain_cycle(
+        4, _forking(**without), 2
+    )
+
+
+def test_the_forks_share_at_a_draft_length_weighs_each_depth_by_its_rejections() -> None:
+    """Forks go up shallowest first: with forks at depth 0 only and α = 1/2, a chain of one is
+    always rejected there, a chain of two there in 1/2 of its rejections against 1/4 at depth 1,
+    a chain of three in 1/2 against 1/4 and 1/8."""
+    est = _est(0.5, miss_share=0.0, fork_share_of_hits=0.3, depth_fork_share=(1.0, 0.0))
+    assert est.fork(1) == 1.0
+    assert est.fork(2) == pytest.approx(0.5 / 0.75)
+    assert est.fork(3) == pytest.approx((0.5 + 0.125 * 0.3) / 0.875)  # depth 2: the pooled
+    assert _est(0.5, miss_share=0.0, fork_share_of_hits=0.3).fork(3) == pytest.approx(0.3)
+
+
+def test_the_forks_share_counts_only_the_hits_whose_tree_beat_the_verdict() -> None:
+    """A hit whose chain's tree was still being drafted at its verdict had no fork with the
+    cloud: at a γ whose trees end at the verdict no fork is taken, and that must not teach
+    the controller that shorter chains would take none either. It starts at one half."""
+    late = _fed(0.0, in_time=False)
+    assert late.fork_chances == 0
+    assert late.estimates().fork_share_of_hits == 0.5
+    timely = _fed(0.0)
+    assert timely.fork_chances == 40
+    assert timely.estimates().fork_share_of_hits == pytest.approx(1 / 42)
+    ctl = ChainController(start=4, gamma_max=4, sends_forks=True)
+    for fork in (True, True, True, False):
+        ctl.observe_outcome(True, depth=0, fork=fork)
+    assert ctl.depth_forks == [3, 0, 0, 0] and ctl.depth_fork_chances == [4, 0, 0, 0]
+    pooled = (3 + 1) / (4 + 2)
+    shrunk = (3 + DEPTH_PRIOR_TOKENS * pooled) / (4 + DEPTH_PRIOR_TOKENS)
+    assert ctl._depth_fork_share(pooled) == pytest.approx((shrunk, pooled, pooled, pooled))
+
+
+@pytest.mark.parametrize(
+    ("outcome", "match"),
+    [
+        (dict(hit=True, depth=4), "depth 4"),
+        (dict(hit=True, depth=-1), "depth -1"),
+        (dict(hit=True, depth=0, fork_tree=True), "only a fork taken"),
+        (dict(hit=True, depth=0, fork=True, in_time=False), "tree was drafted"),
+    ],
+)
+def test_an_impossible_rejection_outcome_is_refused(outcome: dict, match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        ChainController(start=4, gamma_max=4, sends_forks=True).observe_outcome(**outcome)
+
+
 def test_a_fork_taken_must_be_a_hit() -> None:
     with pytest.raises(ValueError, match="hit"):
-        ChainController(start=4, gamma_max=8).observe_outcome(hit=False, fork=True)
+        ChainController(start=4, gamma_max=8).observe_outcome(hit=False, depth=0, fork=True)
 
 
-def test_a_rejection_always_taken_as_a_fork_leaves_the_chains_back_to_back() -> None:
-    """Every rejection a fork with the cloud and no miss: with chains enough in flight to cover
-    the window, the verdicts come as fast as the edge drafts trees, as if every chain were
-    accepted whole (and no faster than the truncated run allows)."""
+def test_a_rejection_always_taken_as_a_fork_never_ends_the_run() -> None:
+    """Every rejection a fork with the cloud and no miss: the run goes on, but the chain after a
+    fork leaves only once the verdict that took it is in. With chains enough in flight the
+    verdicts come far sooner than a window each, and later than the edge drafts trees."""
     est = Estimates(alpha=0.5, window_s=0.3, tree_pass_s=0.04, draft_s=0.04, miss_share=0.0,
                     verify_s=0.01, fork_share_of_hits=1.0)  # fmt: skip
     assert est.fork(3) == 1.0
     assert chain_seconds(3, est, 1) > 0.25  # one chain in flight still waits its window
-    assert chain_seconds(3, est, 4) == pytest.approx(3 * 0.04, rel=0.1)
+    no_forks = chain_seconds(3, replace(est, fork_share_of_hits=0.0), 4)
+    assert 1.1 * 3 * 0.04 < chain_seconds(3, est, 4) < 0.6 * no_forks
 
 
 def test_the_controller_keeps_its_start_until_it_has_measured() -> None:
@@ -896,7 +978,11 @@ def test_deepspec_tree_auto_feeds_its_forks_and_its_handshake(shared_world: Worl
     _, edge, _ = shared_world.run("deepspec-tree", link=link, gamma="auto", **settings)
     ctl = edge.controller
     assert ctl.forks == edge.counters["forks_taken"] > 0
-    assert ctl.rejections - ctl.misses >= ctl.forks
+    # a hit that found its branch still being drafted (a stall) had no fork with the cloud
+    stalls = edge.counters.get("pipeline_stalls", 0)
+    assert ctl.rejections - ctl.misses - stalls >= ctl.fork_chances >= ctl.forks
+    assert sum(ctl.depth_forks) == ctl.forks and sum(ctl.depth_fork_chances) == ctl.fork_chances
+    assert ctl.fork_trees == edge.counters.get("fork_trees_taken", 0)  # drafted along
     assert rtt <= ctl.round_trip_s < rtt + 0.01  # Hello up and HelloAck down, at 10 Mbit/s
     assert ctl.holdable_passes < ctl.ahead_passes
     assert ctl.restart == GenerationSettings().restart_length  # the model prices the restarts
@@ -910,6 +996,19 @@ def test_a_chain_carries_its_dists_where_the_forks_save_more_than_they_take() ->
     assert not dists_pay(**measured, extra_s=1_200 / 5e4)
     assert dists_pay(**measured, extra_s=1_200 / 1e8)
     assert not dists_pay(**{**measured, "fork_share": 0.0}, extra_s=0.0)
+
+
+def test_a_fork_goes_up_where_its_chance_of_being_taken_pays_for_its_bits() -> None:
+    """A fork of 1,100 bits: 22 ms at 50 kbit/s, against a 53 ms round trip saved when taken,
+    which forks sent have been one time in twenty (it does not pay) or in two (it does); at
+    100 Mbit/s even the rare one pays."""
+    saved, bits = 0.053, 1_100
+    assert not fork_pays(taken=0.05, saved_s=saved, extra_s=bits / 5e4)
+    assert fork_pays(taken=0.5, saved_s=saved, extra_s=bits / 5e4)
+    assert fork_pays(taken=0.05, saved_s=saved, extra_s=bits / 1e8)
+    # a chain's p̃ is priced the same way, taken at a rejection times the forks' share of them
+    measured = dict(saved_s=saved, extra_s=bits / 5e4)
+    assert dists_pay(reject=0.6, fork_share=0.9, **measured) == fork_pays(taken=0.54, **measured)
 
 
 def test_a_fork_saves_the_round_trip_of_a_chain_not_of_the_handshake() -> None:

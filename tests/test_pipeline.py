@@ -293,8 +293,10 @@ def test_a_miss_while_a_kept_path_waits_behind_a_long_pass_leaves_it_kept() -> N
 
 def test_forks_on_a_slow_uplink_follow_its_measured_rate(shared_world: World) -> None:
     """On AceSpec's testbed profiles at 50 kbit/s the edge fits the uplink's rate within a step
-    of its grid, and a tree sends a few forks, not all: a fit that trusted the first window
-    (the handshake just before it) took 100 Gbit/s and sent every fork of every tree."""
+    of its grid above it and two below, and a tree sends a few forks, not all: a fit that
+    trusted the first window (the handshake just before it) took 100 Gbit/s and sent every
+    fork of every tree. Below: where forks are seldom taken few go up, so few windows carry
+    enough bits to tell the rate from the next slower ones, and the slowest of those wins."""
     edge_profile, cloud_profile = load_profile("edge-orin"), load_profile("cloud-a100x4-70b")
     for seed in range(2):
         sim, edge, _ = shared_world.run(
@@ -303,7 +305,7 @@ def test_forks_on_a_slow_uplink_follow_its_measured_rate(shared_world: World) ->
             max_new_tokens=48, temperature=1.0,
         )  # fmt: skip
         assert sim.finish_reason == "length"
-        assert edge.uplink.rate_bps() == pytest.approx(5e4, rel=0.27)
+        assert 5e4 / 1.27**2 < edge.uplink.rate_bps() < 5e4 * 1.27
         assert edge.counters.get("forks_sent", 0) < 4 * edge.counters["tree_rounds"]
 
 

@@ -28,6 +28,14 @@ analysis (docs/METHODS.md), checked against the simulator on the i.i.d. syntheti
 - a rejection whose branch went up as a fork (`deepspec-tree`) is no end of the run: the cloud
   verifies the fork at once, as it would the continuation after a full acceptance, so the run
   goes on with P = a + (1 − a)·P(fork | rejection), and only the other rejections hit or miss.
+  A chain's forks go up once its tree is drafted, so in the run the fork leaves then, and its
+  verdict comes a window later at the earliest: a fork sent s before the verdict reaches the
+  edge saves min(s, RTT). The share of hits that were forks is measured only on chains whose
+  tree beat their verdict, so a γ whose trees end at the verdict, taking no fork, does not make
+  shorter chains look as if they would take none. Forks go up shallowest first, so that share
+  is read per rejection depth. A fork taken whose tree was not drafted along starts it after
+  the verdict, and the chain after a fork leaves only once the edge hears the verdict that
+  took it.
 - with more than one chain in flight the run after a miss starts with a shorter chain of k
   (`restart_length`): drafted in k·T_draft, going on with P(the first k accepted), committing
   E[L](k). Runs start on time, late or with such a chain: the stationary shares of a Markov
@@ -76,6 +84,9 @@ PASSES_KEPT = 64
 # Acceptance at a depth is shrunk towards the pooled α as if this many tokens at α had been seen
 # there: a depth drafted a few times must not swing γ.
 DEPTH_PRIOR_TOKENS = 8
+# The forks' share of the hits starts at one half, as if this many hits had been seen: the first
+# forks taken or not must not swing it to all or nothing.
+FORK_PRIOR_HITS = 2
 # A run of full acceptances longer than this adds nothing measurable to the expectation.
 RUN_LIMIT = 4096
 # γ changes only when the model predicts at least this much more throughput than the current γ
@@ -92,7 +103,13 @@ def dists_pay(*, reject: float, fork_share: float, saved_s: float, extra_s: floa
     `fork_share` of such rejections, each saving the round trip the branch would take to reach
     it (`saved_s`: the cloud still verifies the fork); against that, its p̃ keeps the uplink
     `extra_s` longer."""
-    return reject * fork_share * saved_s > extra_s
+    return fork_pays(taken=reject * fork_share, saved_s=saved_s, extra_s=extra_s)
+
+
+def fork_pays(*, taken: float, saved_s: float, extra_s: float) -> bool:
+    """Whether bits that let the cloud go on with a fork are worth their time on the uplink
+    (`extra_s`): the fork is taken with P = `taken` and then saves `saved_s`."""
+    return taken * saved_s > extra_s
 
 
 def fork_saving_s(
@@ -125,10 +142,11 @@ class Cycle:
 
 class _Run(NamedTuple):
     """One run of chains, from its first chain leaving to the next run's: E[time], E[verdicts],
-    P(the next run starts late) and the mean lateness then."""
+    P(it ends at a miss), P(the next run starts late) and the mean lateness then."""
 
     seconds: float
     verdicts: float
+    p_miss: float
     p_late: float
     late_s: float
 
@@ -152,21 +170,28 @@ def cycle(
     holdable: float = 1.0,
     restart_full: float | None = None,
     restart_redraft_s: float = 0.0,
+    fork: float = 0.0,
+    fork_tree: float = 1.0,
 ) -> Cycle:
-    """E[T] between two verdicts (see the module doc): `full` = P(a chain is accepted whole, or
-    goes on as a fork taken), `tree_s` = τ, `redraft_s` = γ·T_draft, `miss_share` = misses per
-    rejection, `pass_s` = one tree pass (0: the edge's passes are not priced), `live` = P(a
-    chain sent ahead stays live at the verdict before it) as the edge's `holds_pass` prices it
-    (default `full`), `holdable` = the share of such a chain's passes the edge may hold. With
-    `restart_full` every miss is followed by a shorter chain (`restart_length`), drafted in
-    `restart_redraft_s` and accepted whole (or going on) with P = `restart_full`."""
+    """E[T] between two verdicts (see the module doc): `full` = P(a chain is accepted whole),
+    `tree_s` = τ, `redraft_s` = γ·T_draft, `miss_share` = misses per rejection, `pass_s` = one
+    tree pass (0: the edge's passes are not priced), `live` = P(a chain sent ahead stays live at
+    the verdict before it) as the edge's `holds_pass` prices it (default `full`), `holdable` =
+    the share of such a chain's passes the edge may hold. With `restart_full` every miss is
+    followed by a shorter chain (`restart_length`), drafted in `restart_redraft_s` and accepted
+    whole with P = `restart_full`. `fork` = P(a rejection's branch is a fork the cloud holds,
+    where the chain's tree beat its verdict); `fork_tree` = the share of forks taken whose tree
+    was drafted along (the others' trees start after the verdict)."""
     if not 0 <= full < 1:
         raise ValueError(f"P(full acceptance) must be in [0, 1), got {full}")
+    if not 0 <= fork <= 1:
+        raise ValueError(f"P(fork | rejection) must be in [0, 1], got {fork}")
     restarts = restart_full is not None
     timing = dict(window_s=window_s, tree_s=tree_s, miss_share=miss_share,
                   redraft_s=restart_redraft_s if restarts else redraft_s,
                   chains_in_flight=chains_in_flight, verify_s=verify_s, pass_s=pass_s,
-                  live=full if live is None else live, holdable=holdable)  # fmt: skip
+                  live=full if live is None else live, holdable=holdable, fork=fork,
+                  fork_tree=fork_tree)  # fmt: skip
     # a run starts on time, after a hit whose tree waits behind a stale pass (late, at the mean
     # wait the on-time runs leave), or with a restart chain after a miss: a Markov chain over
     # the runs' starts
@@ -177,23 +202,23 @@ def cycle(
     late_s = next((run.late_s for run in runs if run.p_late), 0.0)
     if late_s:
         runs.append(_run_gap(full, late_s, full, **timing))
-    shares = _stationary(runs, miss_share if restarts else 0.0, late_s > 0)
+    shares = _stationary(runs, restarts, late_s > 0)
     seconds = sum(p * run.seconds for p, run in zip(shares, runs, strict=True))
     verdicts = sum(p * run.verdicts for p, run in zip(shares, runs, strict=True))
     return Cycle(seconds / verdicts, shares[1] / verdicts if restarts else 0.0)
 
 
-def _stationary(runs: list[_Run], p_restart: float, lates: bool) -> list[float]:
+def _stationary(runs: list[_Run], restarts: bool, lates: bool) -> list[float]:
     """The stationary shares of the runs' kinds (on time, then restart, then late, those there
-    are): each run is followed by a restart with P = `p_restart` (a miss), by a late start
-    with its own `p_late`, else by an on-time one. Solved exactly: every kind returns to on
-    time, so the shares are the one solution of π = πP that sums to 1."""
+    are): each run is followed by a restart (where `restarts`) with its own `p_miss`, by a late
+    start with its own `p_late`, else by an on-time one. Solved exactly: every kind returns to
+    on time, so the shares are the one solution of π = πP that sums to 1."""
     n = len(runs)
-    restart, late = (1 if p_restart else None), (n - 1 if lates else None)
+    restart, late = (1 if restarts else None), (n - 1 if lates else None)
     moves = np.zeros((n, n))
     for row, run in zip(moves, runs, strict=True):
         if restart is not None:
-            row[restart] += p_restart
+            row[restart] += run.p_miss
         if late is not None:
             row[late] += run.p_late
         row[0] += 1.0 - row.sum()
@@ -216,25 +241,36 @@ def _run_gap(
     pass_s: float,
     live: float,
     holdable: float,
+    fork: float,
+    fork_tree: float,
 ) -> _Run:
-    """One run whose first tree starts `late` after its chain left and whose first chain goes on
-    with P = `first` (a restart chain's), each later one with P = `full`; it ends at a rejected
-    chain, whose verdict a hit follows once its tree is drafted and a miss after a redraft. The
-    next run may start late: a hit sends its chain at once, but its tree queues behind a pass
-    still drafting the stale chain sent ahead."""
+    """One run whose first tree starts `late` after its chain left and whose first chain is
+    accepted whole with P = `first` (a restart chain's), each later one with P = `full`; a
+    rejection whose branch went up as a fork goes on too (the fork left when the chain's tree
+    was drafted). It ends at another rejection,
+    whose verdict a hit follows once its tree is drafted and a miss after a redraft. The next
+    run may start late: a hit sends its chain at once, but its tree queues behind a pass still
+    drafting the stale chain sent ahead. So does the tree of a fork taken whose tree was not
+    drafted along, and the chain after a fork taken leaves only once the verdict taking it is
+    in (the run's times are expectations over which way each chain went on)."""
     drafted: list[float] = []
     verdicts: list[float] = []
-    seconds = count = p_late = waits = 0.0
+    seconds = count = p_miss = p_late = waits = 0.0
     reach = 1.0  # P(the run gets to chain k)
+    forked_on = fork_wait = 0.0  # P(chain k is a fork taken | the run got to it), its tree's wait
+    forked_before = 0.0  # the same for chain k − 1
     while reach > 1e-12 and len(verdicts) < RUN_LIMIT:
         k = len(verdicts)
         leave = 0.0 if k == 0 else drafted[-1]
+        if k >= 2:  # after a fork taken the edge sends on only once it hears the verdict taking it
+            leave += forked_before * max(verdicts[k - 2] - leave, 0.0)
         if k >= chains_in_flight:
             leave = max(leave, verdicts[k - chains_in_flight])
         held = 0.0  # a pass of its tree held for the verdict before it, which accepted it whole
         if k > 0 and leave < verdicts[-1] < leave + tree_s:
             held = holdable * (1.0 - live) ** 2 * pass_s / 2
-        drafted.append(leave + (late if k == 0 else held) + tree_s)
+        start = (1.0 - forked_on) * held + forked_on * (1.0 - fork_tree) * fork_wait
+        drafted.append(leave + (late if k == 0 else start) + tree_s)
         verdict = max(leave + window_s, verdicts[-1] + verify_s if verdicts else 0.0)
         verdicts.append(verdict)
         # the run ends at this chain's rejection: a hit leaves once its tree is drafted, a
@@ -244,15 +280,25 @@ def _run_gap(
             ahead = max(ahead, verdicts[k + 1 - chains_in_flight])
         busy = _pass_left(verdict, drafted[k], ahead, tree_s, pass_s, live, holdable)
         hit, miss = max(verdict, drafted[k]), verdict + busy + redraft_s
-        goes_on = first if k == 0 else full
+        whole = first if k == 0 else full
+        forked = fork if drafted[k] < verdict else 0.0  # forks go up before the verdict only
+        goes_on = min(whole + (1.0 - whole) * forked, ALPHA_MAX)
+        misses = min(miss_share / (1.0 - forked), 1.0) if forked < 1 else 0.0  # of the others
         end = reach * (1.0 - goes_on)  # P(the run ends at chain k)
-        seconds += end * ((1.0 - miss_share) * hit + miss_share * miss)
+        seconds += end * ((1.0 - misses) * hit + misses * miss)
         count += end * (k + 1)
+        p_miss += end * misses
         if ahead < verdict and busy > 0:  # a stale chain's pass: the hit's tree waits for it
-            p_late += end * (1.0 - miss_share)
-            waits += end * (1.0 - miss_share) * busy
+            p_late += end * (1.0 - misses)
+            waits += end * (1.0 - misses) * busy
+        # a fork taken here whose tree was not drafted along: it starts after the pass in flight
+        # (the stale chain's, which drafts forks' trees and is never held)
+        left = _pass_left(verdict, drafted[k], ahead, tree_s, pass_s, live, 0.0)
+        fork_wait = max(verdict + left - drafted[k], 0.0)
+        forked_before = forked_on
+        forked_on = (1.0 - whole) * forked / goes_on if goes_on > 0 else 0.0
         reach *= goes_on
-    return _Run(seconds, count, p_late, waits / p_late if p_late else 0.0)
+    return _Run(seconds, count, p_miss, p_late, waits / p_late if p_late else 0.0)
 
 
 def _pass_left(
@@ -292,13 +338,18 @@ class Estimates:
     verify_s: float = 0.0  # the cloud's time per chain, which binds chains sent back to back
     # per γ, the miss share the tree of that length is predicted to have (else `miss_share`)
     miss_by_gamma: Mapping[int, float] | None = None
-    # the share of tree hits that were forks already with the cloud (`deepspec-tree`)
+    # the share of tree hits that were forks already with the cloud (`deepspec-tree`), among
+    # the hits on chains whose forks went up before the verdict; per depth of the rejection
+    # 0, 1, … in `depth_fork_share` (forks go up shallowest first), this beyond its end
     fork_share_of_hits: float = 0.0
+    # the share of forks taken whose tree was drafted along, in the passes of the chain after
+    fork_tree_share: float = 1.0
     # the share of the passes of chains sent ahead the edge may hold (not drafting forks' trees)
     holdable: float = 1.0
     # per depth 1, 2, …: P(a chain's token there is accepted | the ones before it were); `alpha`
     # beyond its end (empty: i.i.d. acceptance)
     depth_alpha: tuple[float, ...] = ()
+    depth_fork_share: tuple[float, ...] = ()
 
     def accept(self, depth: int) -> float:
         """P(a chain's token at `depth` (1 = first) is accepted | the ones before it were)."""
@@ -320,35 +371,41 @@ class Estimates:
         return self.miss_by_gamma[gamma]
 
     def fork(self, gamma: int) -> float:
-        """P(the rejection's branch is a fork the cloud already holds) at draft length γ: the
-        forks' share of the hits, the hits the tree of that length is predicted to have."""
-        return (1.0 - self.miss(gamma)) * self.fork_share_of_hits
+        """P(the rejection's branch is a fork the cloud already holds, where the chain's tree
+        beat its verdict) at draft length γ: the hits the tree of that length is predicted to
+        have, times the forks' share of them at the depths where a chain of γ is rejected."""
+        return (1.0 - self.miss(gamma)) * self._fork_share(gamma)
+
+    def _fork_share(self, gamma: int) -> float:
+        shares = self.depth_fork_share
+        if not shares:
+            return self.fork_share_of_hits
+        # P(the rejection is at depth j), j = 0 … γ − 1 (the first j accepted, the next not)
+        at = [self.full(j) * (1.0 - self.accept(j + 1)) for j in range(gamma)]
+        share = [shares[j] if j < len(shares) else self.fork_share_of_hits for j in range(gamma)]
+        total = sum(at)
+        return sum(w * f for w, f in zip(at, share, strict=True)) / total if total else 0.0
 
 
 def chain_cycle(gamma: int, est: Estimates, chains_in_flight: int = 1, restart: int = 0) -> Cycle:
     """The cycle at draft length γ with D chains in flight; with `restart` (`restart_length`,
     0 = off) each miss is followed by a chain that long, where more than one is in flight."""
 
-    def goes_on(length: int) -> float:  # accepted whole, or a fork taken (a whole chain too)
-        full = est.full(length)
-        return min(full + (1.0 - full) * est.fork(gamma), ALPHA_MAX)
-
-    fork = est.fork(gamma)
-    rest = 1.0 - fork  # the rejections left to the tree lookup
     restarts = chains_in_flight > 1 and 0 < restart < gamma
     return cycle(
-        goes_on(gamma),
+        min(est.full(gamma), ALPHA_MAX),
         window_s=est.window_s,
         tree_s=gamma * est.tree_pass_s,
         redraft_s=gamma * est.draft_s,
-        miss_share=min(est.miss(gamma) / rest, 1.0) if rest > 0 else 0.0,
+        miss_share=est.miss(gamma),
         chains_in_flight=chains_in_flight,
         verify_s=est.verify_s,
         pass_s=est.tree_pass_s,
-        live=est.full(gamma),
         holdable=est.holdable,
-        restart_full=goes_on(restart) if restarts else None,
+        restart_full=est.full(restart) if restarts else None,
         restart_redraft_s=restart * est.draft_s,
+        fork=est.fork(gamma),
+        fork_tree=est.fork_tree_share,
     )
 
 
@@ -475,9 +532,9 @@ class ChainController:
     """γ (and, with `adapt_depth`, D) for the next chain, from running estimates the edge feeds.
 
     Feeds: `observe_verdict(accepted, drafted, window_s)` per verdict; `observe_tree_pass(s)` and
-    `observe_draft(s)` per compute; `observe_outcome(hit, fork=)` per rejection looked up in the
-    tree (or taken as a fork); `observe_ahead_pass(holdable=)` per pass of a chain-sent-ahead's
-    tree.
+    `observe_draft(s)` per compute; `observe_outcome(hit, fork=, in_time=)` per rejection looked
+    up in the tree (or taken as a fork); `observe_ahead_pass(holdable=)` per pass of a
+    chain-sent-ahead's tree. With `sends_forks` (`deepspec-tree`) it prices forks taken.
     Until the estimates exist (`WARMUP_CHAINS` verdicts, one tree pass and one draft) it keeps
     `start` and `START_DEPTH`. `adapt_gamma` False holds γ at `start`; `chains_in_flight` is D,
     or D's upper limit when `adapt_depth`. With a `hit_model` each candidate γ gets the miss
@@ -489,6 +546,7 @@ class ChainController:
     start: int
     gamma_max: int
     chains_in_flight: int = 1
+    sends_forks: bool = False
     adapt_gamma: bool = True
     adapt_depth: bool = False
     restart: int = 0  # `restart_length`: the chain after a miss, where D > 1 (0 = γ)
@@ -511,6 +569,11 @@ class ChainController:
     rejections: int = field(init=False, default=0)
     misses: int = field(init=False, default=0)
     forks: int = field(init=False, default=0)
+    fork_chances: int = field(init=False, default=0)  # hits whose chain's tree beat its verdict
+    # per rejection depth 0..γ_max − 1: those hits, and the forks taken among them
+    depth_fork_chances: list[int] = field(init=False)
+    depth_forks: list[int] = field(init=False)
+    fork_trees: int = field(init=False, default=0)  # forks taken whose tree was drafted along
     ahead_passes: int = field(init=False, default=0)
     holdable_passes: int = field(init=False, default=0)
     window: Ewma = field(init=False, default_factory=Ewma)
@@ -538,6 +601,8 @@ class ChainController:
         self.gamma = self.start
         self.depth_accepted = [0] * self.gamma_max
         self.depth_tested = [0] * self.gamma_max
+        self.depth_fork_chances = [0] * self.gamma_max
+        self.depth_forks = [0] * self.gamma_max
         self.depth = (
             min(START_DEPTH, self.chains_in_flight) if self.adapt_depth else (self.chains_in_flight)
         )
@@ -567,14 +632,33 @@ class ChainController:
         if window_s is not None:
             self.window.update(window_s)
 
-    def observe_outcome(self, hit: bool, *, fork: bool = False) -> None:
-        """A rejection looked up in the tree: a hit or a miss, and a hit that was a fork the
-        cloud held already (`deepspec-tree`)."""
-        if fork and not hit:
-            raise ValueError("a fork taken is a hit")
+    def observe_outcome(
+        self,
+        hit: bool,
+        *,
+        depth: int,
+        fork: bool = False,
+        in_time: bool = True,
+        fork_tree: bool = False,
+    ) -> None:
+        """A rejection at `depth` (the tokens accepted before it) looked up in the tree: a hit
+        or a miss, and a hit that was a fork the cloud held already (`deepspec-tree`), with its
+        own tree drafted along (`fork_tree`) or not. `in_time`: the chain's tree was drafted
+        before its verdict came, so its forks could go up (a fork taken always was)."""
+        if fork and not (hit and in_time):
+            raise ValueError("a fork taken is a hit, on a chain whose tree was drafted")
+        if fork_tree and not fork:
+            raise ValueError("only a fork taken has a tree drafted along")
+        if not 0 <= depth < self.gamma_max:
+            raise ValueError(f"a rejection at depth {depth} of chains of at most {self.gamma_max}")
+        self.fork_trees += int(fork_tree)
         self.rejections += 1
         self.misses += int(not hit)
         self.forks += int(fork)
+        self.depth_forks[depth] += int(fork)
+        chance = int(hit and in_time)
+        self.fork_chances += chance
+        self.depth_fork_chances[depth] += chance
 
     def observe_ahead_pass(self, *, holdable: bool) -> None:
         """A pass of a chain-sent-ahead's tree is due: one the edge may hold for the verdict,
@@ -614,13 +698,31 @@ class ChainController:
         verify = window if self.verify_s is None else min(self.verify_s, window)
         if self.round_trip_s is not None:
             verify = min(verify, max(window - self.round_trip_s, 0.0))
-        # one pseudo-hit that was no fork, as the miss share's pseudo-rejection: the first fork
-        # taken must not make every hit look like one
-        forks = self.forks / (self.rejections - self.misses + 1)
+        forks = self._fork_share() if self.sends_forks else 0.0
+        depth_forks = self._depth_fork_share(forks) if self.sends_forks else ()
         # one pseudo-pass that may be held: before any chain goes ahead, its passes may be
         holdable = (self.holdable_passes + 1) / (self.ahead_passes + 1)
+        # one pseudo-fork in two drafted along
+        fork_trees = (self.fork_trees + 1) / (self.forks + 2)
         return Estimates(self.alpha, window, tree, draft, miss_share, verify, self._misses(),
-                         forks, holdable, self.depth_alpha)  # fmt: skip
+                         forks, fork_trees, holdable, self.depth_alpha,
+                         depth_forks)  # fmt: skip
+
+    def _fork_share(self) -> float:
+        """The share of hits that were forks, among the hits whose chain's tree beat its
+        verdict, with `FORK_PRIOR_HITS` pseudo-hits half of them forks: a setting whose trees
+        end at the verdict takes no fork, and must not teach that shorter ones would not
+        either."""
+        prior = FORK_PRIOR_HITS
+        return (self.forks + prior / 2) / (self.fork_chances + prior)
+
+    def _depth_fork_share(self, pooled: float) -> tuple[float, ...]:
+        """The forks' share of the hits per rejection depth, each shrunk towards the pooled one
+        by `DEPTH_PRIOR_TOKENS`: forks go up shallowest first, so a longer chain, rejected deeper
+        more often, finds fewer of its branches with the cloud."""
+        prior = DEPTH_PRIOR_TOKENS
+        counts = zip(self.depth_forks, self.depth_fork_chances, strict=True)
+        return tuple((f + prior * pooled) / (n + prior) for f, n in counts)
 
     def _best_budget(self, est: Estimates) -> int:
         """The budget for the next tree (`best_budget`), once the hit model predicts; a pass

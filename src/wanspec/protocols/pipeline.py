@@ -78,6 +78,7 @@ from wanspec.protocols.control import (
     ChainController,
     PassCost,
     dists_pay,
+    fork_pays,
     fork_saving_s,
     holds_pass,
 )
@@ -377,20 +378,27 @@ class PipelineEdge(SpecEdge):
         if window is None or (alone and not self.went_ahead):
             return True
         fork_share = (counts.get("forks_taken", 0) + 1) / (counts.get("dists_rejections", 0) + 2)
-        extra_s, saved = 0.0, window if self.round_trip is None else min(window, self.round_trip)
+        extra_s, saved = 0.0, self._fork_saving(window, None, 0)
         if rate is not None:
             plain, rnd.plain = rnd.plain, True
             plain_bits = wire.bits(self.draft_message(rnd))
             rnd.plain = False
             extra_s = (wire.bits(self.draft_message(rnd)) - plain_bits) / rate
             rnd.plain = plain
-            if self.round_trip is not None:
-                saved = min(window, fork_saving_s(
-                    self.round_trip, handshake_bits=self.handshake_bits, chain_bits=plain_bits,
-                    rate_bps=rate,
-                ))  # fmt: skip
+            saved = self._fork_saving(window, rate, plain_bits)
         reject = 1.0 - self.planner.alpha ** len(rnd.tokens)
         return not dists_pay(reject=reject, fork_share=fork_share, saved_s=saved, extra_s=extra_s)
+
+    def _fork_saving(self, window: float, rate: float | None, chain_bits: int) -> float:
+        """The time a fork taken saves: the round trip its branch would take to reach the cloud
+        (the handshake's, less its own messages' sending plus a chain's, at the measured uplink
+        rate: `fork_saving_s`), at most the window."""
+        if self.round_trip is None:
+            return window
+        if rate is None:
+            return min(window, self.round_trip)
+        return min(window, fork_saving_s(self.round_trip, handshake_bits=self.handshake_bits,
+                                         chain_bits=chain_bits, rate_bps=rate))  # fmt: skip
 
     def _log_send(self, msg: Any, bits: int | None = None) -> Any:
         """Log a chain given to the link, with its bits (where the edge prices its uplink)."""
@@ -498,7 +506,7 @@ class PipelineEdge(SpecEdge):
         if self.state == EdgeState.STALLED:
             key, self.pending_key = self.pending_key, None
             assert key is not None
-            return self._continue(key)
+            return self._continue(key, stalled=True)
         return []
 
     def _send_drafted(self, spec: Speculation) -> list[Action]:
@@ -592,7 +600,10 @@ class PipelineEdge(SpecEdge):
         the shallowest and likeliest first, up to `forks_per_tree` and while the uplink, at its
         measured rate, can carry them before the next chain leaves (about as long from now as
         this tree took): each is the chain the cloud verifies next, at once, if the verdict
-        rejects the token at the branch's depth and draws the branch's root there."""
+        rejects the token at the branch's depth and draws the branch's root there. Where the
+        rate is pinned down, a fork goes only if the time it saves, times the share of forks sent
+        that were taken, outweighs its time on the uplink (`fork_pays`): on a slow link forks
+        seldom taken queue ahead of the chain a miss or a hit sends next."""
         if not self.send_forks or chain.plain:  # no fork of a chain whose p̃ stayed behind
             return []
         assert self.uplink is not None  # every edge that sends forks measures its uplink
@@ -611,6 +622,9 @@ class PipelineEdge(SpecEdge):
             if bits > room:
                 self.count("forks_held")
                 break
+            if not self._fork_worth(rnd, bits):
+                self.count("forks_unpaid")
+                continue
             room -= bits
             self._rounds += 1
             spec.forks[branch.depth, branch.root] = rnd
@@ -618,6 +632,23 @@ class PipelineEdge(SpecEdge):
             sends.append(Send(msg))
         self.count("forks_sent", len(sends))
         return sends
+
+    def _fork_worth(self, fork: Round, bits: int) -> bool:
+        """Whether `fork` is worth its `bits` on the uplink (always, while its rate is not
+        pinned down: small messages on a fast link never pin it): taken, as forks sent have
+        been (one pseudo-fork taken in two sent: the first trees try them out), it saves the
+        round trip of its branch sent plain after the verdict."""
+        assert self.planner is not None and self.uplink is not None
+        rate, window = self.uplink.pinned_rate_bps(), self.planner.window.value
+        if rate is None or window is None:
+            return True
+        counts = self.counters
+        taken = (counts.get("forks_taken", 0) + 1) / (counts.get("forks_sent", 0) + 2)
+        fork.plain = True
+        plain_bits = wire.bits(self.draft_message(fork))
+        fork.plain = False
+        saved = self._fork_saving(window, rate, plain_bits)
+        return fork_pays(taken=taken, saved_s=saved, extra_s=bits / rate)
 
     def _fork_trees(self, spec: Speculation, nxt: Speculation) -> list[Speculation]:
         """Trees for the likeliest forks of `spec` (the order they went up in), each planned as
@@ -779,7 +810,9 @@ class PipelineEdge(SpecEdge):
                 f"draft streams {rnd.keys[:decided]} drew the tokens at output positions {own}"
             )
 
-    def _continue(self, key: tuple[int, int | None]) -> list[Action]:
+    def _continue(self, key: tuple[int, int | None], *, stalled: bool = False) -> list[Action]:
+        """Go on after a verdict (`key`: accepted, and the token drawn at a rejection); `stalled`:
+        the verdict came before its chain's tree was drafted."""
         spec = self.spec
         branch = None if spec is None else spec.find(*key)
         if spec is not None and key[1] is not None and key in spec.forks:
@@ -796,7 +829,8 @@ class PipelineEdge(SpecEdge):
             return []
         hit = branch is not None and self._fits(branch)
         if self.controller is not None and key[1] is not None:
-            self.controller.observe_outcome(hit)
+            in_time = spec is not None and spec.drafted and not stalled
+            self.controller.observe_outcome(hit, depth=key[0], in_time=in_time)
         if hit:
             return [*stale, *self._hit(branch)]
         self.count("cache_misses")
@@ -841,10 +875,11 @@ class PipelineEdge(SpecEdge):
         if not self._fits(branch):
             raise RuntimeError("the fork taken does not spell the committed context")
         self.count("forks_taken")
-        if self.controller is not None:
-            self.controller.observe_outcome(True, fork=True)
         nxt = self.ahead[0].spec if self.ahead else None
         tree = next((t for t in (nxt.co if nxt else []) if t.fork is fork), None)
+        if self.controller is not None:
+            along = tree is not None
+            self.controller.observe_outcome(True, depth=branch.depth, fork=True, fork_tree=along)
         if tree is None:
             stale = self._drop_ahead()
             keep = self._keep_branch(branch)

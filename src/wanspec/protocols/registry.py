@@ -146,6 +146,7 @@ def make_edge(
                 start=start,
                 gamma_max=settings.gamma,
                 chains_in_flight=depth,
+                sends_forks=info.sends_forks,
                 adapt_gamma=settings.adaptive_gamma,
                 adapt_depth=settings.adaptive_depth,
                 restart=settings.restart_length,
