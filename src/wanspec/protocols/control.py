@@ -97,6 +97,13 @@ SWITCH_GAIN = 0.04
 DEPTH_SLACK = 0.01
 
 
+def _shrunk(hits: Sequence[int], tries: Sequence[int], pooled: float) -> tuple[float, ...]:
+    """Per depth, hits / tries shrunk towards the pooled share as if `DEPTH_PRIOR_TOKENS` tries at
+    that share had been seen there: a depth seldom reached keeps about the pooled one."""
+    prior = DEPTH_PRIOR_TOKENS
+    return tuple((h + prior * pooled) / (n + prior) for h, n in zip(hits, tries, strict=True))
+
+
 def dists_pay(*, reject: float, fork_share: float, saved_s: float, extra_s: float) -> bool:
     """Whether a chain sent alone should carry its p̃ (`deepspec-tree`): only then can the cloud
     go on with one of its forks after a rejection (P = `reject`), which it does in the share
@@ -569,8 +576,8 @@ class ChainController:
     rejections: int = field(init=False, default=0)
     misses: int = field(init=False, default=0)
     forks: int = field(init=False, default=0)
-    fork_chances: int = field(init=False, default=0)  # hits whose chain's tree beat its verdict
-    # per rejection depth 0..γ_max − 1: those hits, and the forks taken among them
+    # per rejection depth 0..γ_max − 1: hits whose chain's tree beat its verdict, and the forks
+    # taken among them
     depth_fork_chances: list[int] = field(init=False)
     depth_forks: list[int] = field(init=False)
     fork_trees: int = field(init=False, default=0)  # forks taken whose tree was drafted along
@@ -613,12 +620,15 @@ class ChainController:
         return self.accepted / self.tested if self.tested else PRIOR_ALPHA
 
     @property
+    def fork_chances(self) -> int:
+        """Hits whose chain's tree beat its verdict: those whose branch could be a fork."""
+        return sum(self.depth_fork_chances)
+
+    @property
     def depth_alpha(self) -> tuple[float, ...]:
         """Acceptance per depth (`Estimates.depth_alpha`), each shrunk towards the pooled α by
         `DEPTH_PRIOR_TOKENS`: a depth seldom reached keeps about α."""
-        prior, alpha = DEPTH_PRIOR_TOKENS, self.alpha
-        counts = zip(self.depth_accepted, self.depth_tested, strict=True)
-        return tuple((a + prior * alpha) / (t + prior) for a, t in counts)
+        return _shrunk(self.depth_accepted, self.depth_tested, self.alpha)
 
     def observe_verdict(self, accepted: int, drafted: int, window_s: float | None) -> None:
         if not 0 <= accepted <= drafted:
@@ -656,9 +666,7 @@ class ChainController:
         self.misses += int(not hit)
         self.forks += int(fork)
         self.depth_forks[depth] += int(fork)
-        chance = int(hit and in_time)
-        self.fork_chances += chance
-        self.depth_fork_chances[depth] += chance
+        self.depth_fork_chances[depth] += int(hit and in_time)
 
     def observe_ahead_pass(self, *, holdable: bool) -> None:
         """A pass of a chain-sent-ahead's tree is due: one the edge may hold for the verdict,
@@ -698,17 +706,19 @@ class ChainController:
         verify = window if self.verify_s is None else min(self.verify_s, window)
         if self.round_trip_s is not None:
             verify = min(verify, max(window - self.round_trip_s, 0.0))
-        forks = self._fork_share() if self.sends_forks else 0.0
+        forks = self._pooled_fork_share() if self.sends_forks else 0.0
         depth_forks = self._depth_fork_share(forks) if self.sends_forks else ()
         # one pseudo-pass that may be held: before any chain goes ahead, its passes may be
         holdable = (self.holdable_passes + 1) / (self.ahead_passes + 1)
         # one pseudo-fork in two drafted along
         fork_trees = (self.fork_trees + 1) / (self.forks + 2)
-        return Estimates(self.alpha, window, tree, draft, miss_share, verify, self._misses(),
-                         forks, fork_trees, holdable, self.depth_alpha,
-                         depth_forks)  # fmt: skip
+        return Estimates(
+            self.alpha, window, tree, draft, miss_share, verify, self._misses(),
+            fork_share_of_hits=forks, fork_tree_share=fork_trees, holdable=holdable,
+            depth_alpha=self.depth_alpha, depth_fork_share=depth_forks,
+        )  # fmt: skip
 
-    def _fork_share(self) -> float:
+    def _pooled_fork_share(self) -> float:
         """The share of hits that were forks, among the hits whose chain's tree beat its
         verdict, with `FORK_PRIOR_HITS` pseudo-hits half of them forks: a setting whose trees
         end at the verdict takes no fork, and must not teach that shorter ones would not
@@ -720,9 +730,7 @@ class ChainController:
         """The forks' share of the hits per rejection depth, each shrunk towards the pooled one
         by `DEPTH_PRIOR_TOKENS`: forks go up shallowest first, so a longer chain, rejected deeper
         more often, finds fewer of its branches with the cloud."""
-        prior = DEPTH_PRIOR_TOKENS
-        counts = zip(self.depth_forks, self.depth_fork_chances, strict=True)
-        return tuple((f + prior * pooled) / (n + prior) for f, n in counts)
+        return _shrunk(self.depth_forks, self.depth_fork_chances, pooled)
 
     def _best_budget(self, est: Estimates) -> int:
         """The budget for the next tree (`best_budget`), once the hit model predicts; a pass

@@ -380,14 +380,18 @@ class PipelineEdge(SpecEdge):
         fork_share = (counts.get("forks_taken", 0) + 1) / (counts.get("dists_rejections", 0) + 2)
         extra_s, saved = 0.0, self._fork_saving(window, None, 0)
         if rate is not None:
-            plain, rnd.plain = rnd.plain, True
-            plain_bits = wire.bits(self.draft_message(rnd))
-            rnd.plain = False
-            extra_s = (wire.bits(self.draft_message(rnd)) - plain_bits) / rate
-            rnd.plain = plain
+            plain_bits = self._bits(rnd, plain=True)
+            extra_s = (self._bits(rnd, plain=False) - plain_bits) / rate
             saved = self._fork_saving(window, rate, plain_bits)
         reject = 1.0 - self.planner.alpha ** len(rnd.tokens)
         return not dists_pay(reject=reject, fork_share=fork_share, saved_s=saved, extra_s=extra_s)
+
+    def _bits(self, rnd: Round, *, plain: bool) -> int:
+        """The bits of `rnd`'s draft message with its p̃ left behind or not (its flag kept)."""
+        kept, rnd.plain = rnd.plain, plain
+        bits = wire.bits(self.draft_message(rnd))
+        rnd.plain = kept
+        return bits
 
     def _fork_saving(self, window: float, rate: float | None, chain_bits: int) -> float:
         """The time a fork taken saves: the round trip its branch would take to reach the cloud
@@ -644,10 +648,7 @@ class PipelineEdge(SpecEdge):
             return True
         counts = self.counters
         taken = (counts.get("forks_taken", 0) + 1) / (counts.get("forks_sent", 0) + 2)
-        fork.plain = True
-        plain_bits = wire.bits(self.draft_message(fork))
-        fork.plain = False
-        saved = self._fork_saving(window, rate, plain_bits)
+        saved = self._fork_saving(window, rate, self._bits(fork, plain=True))
         return fork_pays(taken=taken, saved_s=saved, extra_s=bits / rate)
 
     def _fork_trees(self, spec: Speculation, nxt: Speculation) -> list[Speculation]:
