@@ -10,6 +10,7 @@ more or fewer chains sent ahead).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
@@ -27,7 +28,8 @@ from wanspec.protocols.control import (
     ChainController,
     Estimates,
     PassCost,
-    best_budget,
+    bare_round_trip_s,
+    best_plan,
     best_setting,
     chain_cycle,
     chain_seconds,
@@ -412,13 +414,24 @@ def _miss(tips: int) -> float:
     return 1.0 - 0.9 * (1.0 - 1.0 / tips)
 
 
+def _budget_at_four(
+    current: int, est: Estimates, pass_s: Callable[[int], float], miss: Callable[[int], float]
+) -> int:
+    """The budget `best_plan` picks for chains of four, one in flight."""
+
+    def at(budget: int) -> Estimates:
+        return replace(est, tree_pass_s=pass_s(budget), miss_by_gamma={4: miss(budget)})
+
+    return best_plan((4, 1, current), [4], [1], BUDGETS, at)[2]
+
+
 def test_a_window_shorter_than_the_chain_still_buys_the_tips_a_pass_carries_free() -> None:
     """γ = 4 passes of 40 ms against a 157 ms window: AceSpec's rule (the most tips whose
     tree fits the window) drafts no alternative at all, though 16 tips cost what one does; the
     model takes the most tips a pass carries at no cost, as a miss costs a 160 ms redraft."""
     est = _est(0.8, window_s=0.157, tree_pass_s=0.040, draft_s=0.040, miss_share=0.5)
     assert tree_budget(64, 0.157, _flat_pass, 4) == 1
-    chosen = best_budget(1, BUDGETS, (4, 1), est, pass_s=_flat_pass, miss=_miss)
+    chosen = _budget_at_four(1, est, _flat_pass, _miss)
     assert chosen == 16
 
 
@@ -432,7 +445,7 @@ def test_tips_that_lengthen_every_pass_are_bought_only_while_the_tree_fits() -> 
         return 0.005 * tips
 
     assert tree_budget(64, 0.3, costly, 4) == 15
-    assert best_budget(1, BUDGETS, (4, 1), est, pass_s=costly, miss=_miss) == 8
+    assert _budget_at_four(1, est, costly, _miss) == 8
 
 
 def test_the_budget_changes_only_for_a_gain() -> None:
@@ -440,8 +453,42 @@ def test_the_budget_changes_only_for_a_gain() -> None:
     the best; among equals the fewest tips would win)."""
     est = _est(0.8, window_s=0.157, tree_pass_s=0.040, draft_s=0.040, miss_share=0.5)
     miss = {1: 1.0, 2: 0.5, 4: 0.3, 8: 0.2, 16: 0.199, 32: 0.199, 64: 0.199}.__getitem__
-    assert best_budget(8, BUDGETS, (4, 1), est, pass_s=_flat_pass, miss=miss) == 8
-    assert best_budget(1, BUDGETS, (4, 1), est, pass_s=_flat_pass, miss=miss) == 16
+    assert _budget_at_four(8, est, _flat_pass, miss) == 8
+    assert _budget_at_four(1, est, _flat_pass, miss) == 16
+
+
+def _hits_short_or_wide(gamma: int, budget: int | None) -> float:
+    """A tree of 16 tips catches every rejection of a chain up to three tokens and none of a
+    longer one; 32 tips catch them all."""
+    return 1.0 if gamma <= 3 or (budget or DEFAULT_TREE_BUDGET) >= 32 else 0.0
+
+
+def test_chain_length_and_budget_are_chosen_together() -> None:
+    """At 16 tips chains of three model fastest, and for chains of three 32 tips buy nothing:
+    choosing γ, then B for it, stays there. Chains of five at 32 tips model 23 % faster, and
+    choosing both together finds them."""
+    est = _est(0.8, window_s=0.2, tree_pass_s=0.040, draft_s=0.040, miss_share=0.1)
+
+    def at(budget: int) -> Estimates:
+        misses = {g: 1.0 - _hits_short_or_wide(g, budget) for g in range(1, 9)}
+        return replace(est, tree_pass_s=_flat_pass(budget), miss_by_gamma=misses)
+
+    assert best_setting((3, 1), range(1, 9), [1], at(16), budget_fixed=True) == (3, 1)
+    assert best_plan((3, 1, 16), [3], [1], BUDGETS, at) == (3, 1, 16)
+    assert modelled_rate(5, at(32), 1) > 1.2 * modelled_rate(3, at(16), 1)
+    assert best_plan((3, 1, 16), range(1, 9), [1], BUDGETS, at) == (5, 1, 32)
+
+
+def test_the_controller_leaves_short_chains_for_longer_ones_at_a_larger_budget() -> None:
+    """The same pair through the controller: from chains of three at 16 tips it moves to chains
+    of five at 32 once the hit model predicts."""
+    ctl = ChainController(start=3, gamma_max=8, hit_model=_hits_short_or_wide, budgets=BUDGETS,
+                          tree_seconds=_flat_pass, start_budget=16)  # fmt: skip
+    ctl.observe_tree_pass(0.040, 16)
+    ctl.observe_draft(0.040)
+    for accepted in (3, 3, 3, 2, 3, 3, 3, 1, 3, 3):
+        ctl.observe_verdict(accepted, 3, 0.2)
+    assert (ctl.next_gamma(), ctl.budget) == (5, 32)
 
 
 def test_the_controller_chooses_the_budget_once_its_hit_model_predicts() -> None:
@@ -983,9 +1030,44 @@ def test_deepspec_tree_auto_feeds_its_forks_and_its_handshake(shared_world: Worl
     assert ctl.rejections - ctl.misses - stalls >= ctl.fork_chances >= ctl.forks
     assert sum(ctl.depth_forks) == ctl.forks and sum(ctl.depth_fork_chances) == ctl.fork_chances
     assert ctl.fork_trees == edge.counters.get("fork_trees_taken", 0)  # drafted along
-    assert rtt <= ctl.round_trip_s < rtt + 0.01  # Hello up and HelloAck down, at 10 Mbit/s
+    # the handshake's, less the Hello's and HelloAck's sending (0.16 ms at 10 Mbit/s)
+    assert rtt - 1e-3 <= ctl.round_trip_s <= edge.round_trip < rtt + 1e-3
     assert ctl.holdable_passes < ctl.ahead_passes
     assert ctl.restart == GenerationSettings().restart_length  # the model prices the restarts
+
+
+@pytest.mark.parametrize("method", ["acespec", "deepspec-tree"])
+def test_the_cloud_time_bound_leaves_the_handshakes_sending_out(
+    shared_world: World, method: str
+) -> None:
+    """At 50 kbit/s the Hello and HelloAck take some 30 ms to send: the window less the whole
+    handshake would bound the cloud's time per chain that much too short, and chains whose tree
+    is drafted faster than the cloud verifies would look free. Once the windows pin the
+    uplink's rate down, the controller keeps the handshake's round trip less that sending."""
+    rate, rtt = 5e4, 0.05
+    settings = dict(seed=0, max_new_tokens=48, temperature=1.2)
+    _, edge, _ = shared_world.run(method, link=Link(bandwidth_bps=rate, rtt_s=rtt),
+                                  gamma="auto", **settings)  # fmt: skip
+    sending = edge.handshake_bits / rate
+    assert edge.round_trip == pytest.approx(rtt + sending, abs=2e-3)
+    assert edge.uplink.pinned_rate_bps() is not None
+    kept = edge.controller.round_trip_s
+    assert kept == pytest.approx(
+        bare_round_trip_s(
+            edge.round_trip,
+            rate_bps=edge.uplink.pinned_rate_bps(),
+            handshake_bits=edge.handshake_bits,
+        )
+    )
+    assert rtt - sending / 2 <= kept <= rtt + sending / 2
+
+
+def test_the_bare_round_trip_is_the_handshakes_less_its_sending() -> None:
+    """1,584 bits: 32 ms at 50 kbit/s, 16 µs at 100 Mbit/s; never below nothing."""
+    for rate in (5e4, 1e8):
+        bare = bare_round_trip_s(0.05 + 1_584 / rate, handshake_bits=1_584, rate_bps=rate)
+        assert bare == pytest.approx(0.05)
+    assert bare_round_trip_s(0.01, handshake_bits=1_584, rate_bps=1e4) == 0.0
 
 
 def test_a_chain_carries_its_dists_where_the_forks_save_more_than_they_take() -> None:

@@ -127,7 +127,15 @@ def fork_saving_s(
     uplink rate (taken for the downlink's too). On a slow link those two messages are several
     chains' worth of bits: at 50 kbit/s the handshake's round trip overstates a fork's saving by
     a third."""
-    return max(round_trip_s - (handshake_bits - chain_bits) / rate_bps, 0.0)
+    return bare_round_trip_s(round_trip_s + chain_bits / rate_bps, handshake_bits=handshake_bits,
+                             rate_bps=rate_bps)  # fmt: skip
+
+
+def bare_round_trip_s(round_trip_s: float, *, handshake_bits: int, rate_bps: float) -> float:
+    """The handshake's round trip less the Hello's and HelloAck's sending at the measured uplink
+    rate (taken for the downlink's too, which errs short): the round trip of a message that
+    takes no time to send. At 50 kbit/s that sending is about 80 ms of it."""
+    return max(round_trip_s - handshake_bits / rate_bps, 0.0)
 
 
 def holds_pass(*, idle_s: float, pass_s: float, full: float) -> bool:
@@ -447,7 +455,7 @@ def best_setting(
     the fewest chains in flight win: a chain sent ahead that turns stale costs uplink bits the
     model does not count. Only γ whose tree fits in the window are candidates: a tree that
     overruns it makes the planner shrink the budget, and the hits measured at the old budget
-    would not hold; unless the budget is fixed (`budget_fixed`: chosen by `best_budget`)."""
+    would not hold; unless the budget is fixed (`budget_fixed`: chosen by `best_plan`)."""
     room = TREE_ROOM * est.window_s
     fitting = [g for g in gammas if budget_fixed or g * est.tree_pass_s <= room] or list(gammas)
     rates = {(g, d): modelled_rate(g, est, d, restart) for g in fitting for d in depths}
@@ -465,29 +473,31 @@ def best_setting(
     return best if rates[best] > (1 + switch_gain) * now else current
 
 
-def best_budget(
-    current: int,
+def best_plan(
+    current: tuple[int, int, int],
+    gammas: Sequence[int],
+    depths: Sequence[int],
     budgets: Sequence[int],
-    setting: tuple[int, int],
-    est: Estimates,
-    *,
-    pass_s: Callable[[int], float],
-    miss: Callable[[int], float],
+    at_budget: Callable[[int], Estimates],
     restart: int = 0,
-) -> int:
-    """The tree budget B among `budgets` with the most modelled tokens per second for the chain
-    setting (γ, D), each priced at its own pass time `pass_s(B)` and miss share `miss(B)`; the
-    fewest tips among equals, and `current` unless the best beats it by `BUDGET_GAIN`."""
-    gamma, depth = setting
-
-    def rate(budget: int) -> float:
-        at = replace(est, tree_pass_s=pass_s(budget), miss_by_gamma={gamma: miss(budget)})
-        return modelled_rate(gamma, at, depth, restart)
-
-    rates = {b: rate(b) for b in budgets}
-    best = max(budgets, key=lambda b: (rates[b], -b))
-    now = rates[current] if current in rates else rate(current)
-    return best if rates[best] > (1 + BUDGET_GAIN) * now else current
+) -> tuple[int, int, int]:
+    """(γ, D, B) chosen together: per budget B among `budgets` the best (γ, D) at that budget's
+    estimates (`at_budget(B)`: its pass time and each γ's miss share), as `best_setting` picks
+    it with its hysteresis from the current γ; then the budget whose setting models the most
+    tokens per second, the fewest tips among equals, and the current budget unless the best
+    beats it by `BUDGET_GAIN`. Together, because each pins the other: at a small budget long
+    chains miss often, and with short chains a larger budget buys nothing, so choosing one
+    after the other never leaves such a pair."""
+    gamma, depth, budget = current
+    found = {}
+    for tips in dict.fromkeys([*budgets, budget]):
+        est = at_budget(tips)
+        setting = best_setting((gamma, depth), gammas, depths, est, restart=restart,
+                               budget_fixed=True)  # fmt: skip
+        found[tips] = setting, modelled_rate(setting[0], est, setting[1], restart)
+    best = max(budgets, key=lambda b: (found[b][1], -b))
+    chosen = best if found[best][1] > (1 + BUDGET_GAIN) * found[budget][1] else budget
+    return (*found[chosen][0], chosen)
 
 
 @dataclass
@@ -546,8 +556,8 @@ class ChainController:
     `start` and `START_DEPTH`. `adapt_gamma` False holds γ at `start`; `chains_in_flight` is D,
     or D's upper limit when `adapt_depth`. With a `hit_model` each candidate γ gets the miss
     share its own tree is predicted to have; without one (or before it knows), the measured.
-    With `budgets` it also chooses the tree budget among them once the hit model predicts,
-    after γ and D (`best_budget`), pricing a pass by `tree_seconds` (a latency profile's
+    With `budgets` it chooses the tree budget among them together with γ and D once the hit
+    model predicts (`best_plan`), pricing a pass by `tree_seconds` (a latency profile's
     seconds per tips, or the edge's `PassCost`); it starts at `start_budget`."""
 
     start: int
@@ -681,9 +691,12 @@ class ChainController:
         self.verify_s = seconds if self.verify_s is None else min(self.verify_s, seconds)
 
     def observe_round_trip(self, seconds: float) -> None:
-        """The handshake's round trip (the cloud answers it without computing): the window
-        less it is about the cloud's time per chain, which the verdict gaps show only once a
-        chain waits at the cloud; where the edge is slower, none ever does."""
+        """The handshake's round trip (the cloud answers it without computing), less its
+        messages' sending once the uplink's rate is known (`bare_round_trip_s`): the window less
+        it bounds the cloud's time per chain, which the verdict gaps show only once a chain
+        waits at the cloud; where the edge is slower, none ever does. With the sending left in,
+        a slow link makes that bound far too short (124 ms for a cloud that takes 147 at
+        50 kbit/s), and chains whose tree is shorter than the cloud's time look free."""
         self.round_trip_s = seconds
 
     def observe_tree_pass(self, seconds: float, tips: int = 1, own: int | None = None) -> None:
@@ -732,14 +745,19 @@ class ChainController:
         more often, finds fewer of its branches with the cloud."""
         return _shrunk(self.depth_forks, self.depth_fork_chances, pooled)
 
-    def _best_budget(self, est: Estimates) -> int:
-        """The budget for the next tree (`best_budget`), once the hit model predicts; a pass
-        at another budget costs the measured pass times the ratio of `tree_seconds`' costs,
-        at the last passes' shapes: forks' trees are drafted at the chain's budget too."""
+    def _best_plan(self, est: Estimates, gammas: Sequence[int], depths: Sequence[int]) -> None:
+        """γ, D and the budget for the next tree (`best_plan`), once the hit model predicts at
+        every budget; a pass at another budget costs the measured pass times the ratio of
+        `tree_seconds`' costs, at the last passes' shapes: forks' trees are drafted at the
+        chain's budget too."""
         assert self.budget is not None and self.hit_model is not None
-        hits = {b: self.hit_model(self.gamma, b) for b in self.budgets}
+        hits = {(g, b): self.hit_model(g, b) for g in gammas for b in self.budgets}
         if None in hits.values():
-            return self.budget
+            current = (self.gamma, self.depth)
+            self.gamma, self.depth = best_setting(
+                current, gammas, depths, est, restart=self.restart, budget_fixed=True
+            )
+            return
         trees, cost = self.pass_trees or [1.0], self.tree_seconds
         assert cost is not None
 
@@ -748,10 +766,15 @@ class ChainController:
 
         now = pass_s(self.budget)
         scale = est.tree_pass_s / now if now > 0 else 1.0
-        return best_budget(self.budget, self.budgets, (self.gamma, self.depth), est,
-                           pass_s=lambda b: scale * pass_s(b),
-                           miss=lambda b: 1.0 - hits[b],  # type: ignore[operator]
-                           restart=self.restart)  # fmt: skip
+
+        def at_budget(budget: int) -> Estimates:
+            misses = {g: 1.0 - hits[g, budget] for g in gammas}  # type: ignore[operator]
+            return replace(est, tree_pass_s=scale * pass_s(budget), miss_by_gamma=misses)
+
+        self.gamma, self.depth, self.budget = best_plan(
+            (self.gamma, self.depth, self.budget), gammas, depths, self.budgets, at_budget,
+            restart=self.restart,
+        )  # fmt: skip
 
     def _misses(self) -> dict[int, float] | None:
         """The hit model's miss share per candidate γ: a longer chain spreads the same budget
@@ -770,11 +793,11 @@ class ChainController:
             # D moves only once the cloud's time per chain is measured (from chains sent ahead)
             free = self.adapt_depth and self.verify_s is not None
             depths = range(1, self.chains_in_flight + 1) if free else [self.depth]
-            self.gamma, self.depth = best_setting((self.gamma, self.depth), gammas, depths, est,
-                                                  restart=self.restart,
-                                                  budget_fixed=bool(self.budgets))  # fmt: skip
             if self.budgets:
-                self.budget = self._best_budget(est)
+                self._best_plan(est, gammas, depths)
+            else:
+                self.gamma, self.depth = best_setting((self.gamma, self.depth), gammas, depths,
+                                                      est, restart=self.restart)  # fmt: skip
         self.history.append(self.gamma)
         if self.budget is not None:
             self.budget_history.append(self.budget)

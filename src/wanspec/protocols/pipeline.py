@@ -77,6 +77,7 @@ from wanspec.protocols.budget import BranchPlanner, Ewma, ranked_capture
 from wanspec.protocols.control import (
     ChainController,
     PassCost,
+    bare_round_trip_s,
     dists_pay,
     fork_pays,
     fork_saving_s,
@@ -229,8 +230,9 @@ class PipelineEdge(SpecEdge):
         self.send_forks = send_forks
         if send_forks and not self.scheme.uploads_dists:
             raise ValueError("forks need a cloud that draws the rejected position's token itself")
-        # what the uplink carries, so that forks never hold up the next chain
-        self.uplink = UplinkModel() if send_forks else None
+        # what the uplink carries, so that forks never hold up the next chain, and so that the
+        # controller's bound on the cloud's time leaves the handshake's sending out
+        self.uplink = UplinkModel() if send_forks or controller is not None else None
         self.lone_send: Any = None  # the uplink ticket of the chain sent alone, if any
         self.controller = controller
         self.depth_limit = self.settings.chains_in_flight if send_ahead else 1
@@ -403,6 +405,16 @@ class PipelineEdge(SpecEdge):
             return min(window, self.round_trip)
         return min(window, fork_saving_s(self.round_trip, handshake_bits=self.handshake_bits,
                                          chain_bits=chain_bits, rate_bps=rate))  # fmt: skip
+
+    def _observe_bare_round_trip(self) -> None:
+        """Tell the controller the handshake's round trip less its messages' sending, once the
+        windows pin the uplink's rate down (`bare_round_trip_s`)."""
+        rate = None if self.uplink is None else self.uplink.pinned_rate_bps()
+        if self.controller is None or self.round_trip is None or rate is None:
+            return
+        self.controller.observe_round_trip(
+            bare_round_trip_s(self.round_trip, handshake_bits=self.handshake_bits, rate_bps=rate)
+        )
 
     def _log_send(self, msg: Any, bits: int | None = None) -> Any:
         """Log a chain given to the link, with its bits (where the edge prices its uplink)."""
@@ -762,6 +774,7 @@ class PipelineEdge(SpecEdge):
         measured = self.lone_send is not None and window is not None
         if self.uplink is not None and measured and steady:
             self.uplink.answered(self.lone_send, self.sent_at, window, self.reply_bits)
+            self._observe_bare_round_trip()
         self.lone_send = None
         if self.planner is None:
             return
