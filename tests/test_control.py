@@ -479,6 +479,23 @@ def test_chain_length_and_budget_are_chosen_together() -> None:
     assert best_plan((3, 1, 16), range(1, 9), [1], BUDGETS, at) == (5, 1, 32)
 
 
+def test_a_chain_length_changes_only_for_a_gain_over_the_current_setting() -> None:
+    """At 64 tips a pass costs 48 ms instead of 40 but misses nothing: chains of three there
+    model 8 % faster than chains of four there, and only 1 % faster than the current chains of
+    four at 32 tips. The margin a change of γ needs is over the current setting, so γ stays;
+    measured against γ = 4 at 64 tips the switch would pass for a gain it does not have."""
+    est = _est(0.65, window_s=0.157, tree_pass_s=0.040, draft_s=0.040, miss_share=0.1)
+
+    def at(budget: int) -> Estimates:
+        misses = {g: 0.0 if budget == 64 else (0.15 if g >= 4 else 0.05) for g in range(1, 9)}
+        return replace(est, tree_pass_s=0.048 if budget == 64 else 0.040, miss_by_gamma=misses)
+
+    shorter, now = modelled_rate(3, at(64), 1), modelled_rate(4, at(32), 1)
+    assert now < shorter < (1 + SWITCH_GAIN) * now
+    assert shorter > (1 + SWITCH_GAIN) * modelled_rate(4, at(64), 1)
+    assert best_plan((4, 1, 32), range(1, 9), [1], BUDGETS, at) == (4, 1, 32)
+
+
 def test_the_controller_leaves_short_chains_for_longer_ones_at_a_larger_budget() -> None:
     """The same pair through the controller: from chains of three at 16 tips it moves to chains
     of five at 32 once the hit model predicts."""

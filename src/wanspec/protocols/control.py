@@ -481,23 +481,32 @@ def best_plan(
     at_budget: Callable[[int], Estimates],
     restart: int = 0,
 ) -> tuple[int, int, int]:
-    """(γ, D, B) chosen together: per budget B among `budgets` the best (γ, D) at that budget's
-    estimates (`at_budget(B)`: its pass time and each γ's miss share), as `best_setting` picks
-    it with its hysteresis from the current γ; then the budget whose setting models the most
-    tokens per second, the fewest tips among equals, and the current budget unless the best
-    beats it by `BUDGET_GAIN`. Together, because each pins the other: at a small budget long
-    chains miss often, and with short chains a larger budget buys nothing, so choosing one
-    after the other never leaves such a pair."""
+    """(γ, D, B) chosen together, each budget B among `budgets` priced at its own estimates
+    (`at_budget(B)`: its pass time and each γ's miss share): the best setting if it changes γ
+    and models `SWITCH_GAIN` more than the current γ at the current budget, else the current γ
+    at the budget that models the most, if `BUDGET_GAIN` more (the fewest tips among equals),
+    else the current γ and budget; D as `best_setting` picks it, with no margin. Together,
+    because each pins the other: at a small budget long chains miss often, and with short
+    chains a larger budget buys nothing, so choosing one after the other never leaves such a
+    pair. The margins are the current setting's: against the current γ priced at another
+    budget, a γ change would pass for a gain it does not have."""
     gamma, depth, budget = current
-    found = {}
-    for tips in dict.fromkeys([*budgets, budget]):
-        est = at_budget(tips)
-        setting = best_setting((gamma, depth), gammas, depths, est, restart=restart,
-                               budget_fixed=True)  # fmt: skip
-        found[tips] = setting, modelled_rate(setting[0], est, setting[1], restart)
-    best = max(budgets, key=lambda b: (found[b][1], -b))
-    chosen = best if found[best][1] > (1 + BUDGET_GAIN) * found[budget][1] else budget
-    return (*found[chosen][0], chosen)
+    ests = {tips: at_budget(tips) for tips in dict.fromkeys([*budgets, budget])}
+
+    def best_at(tips: int, among: Sequence[int]) -> tuple[tuple[int, int, int], float]:
+        """The best (γ, D) among `among` at budget `tips`, no margin, and its rate."""
+        g, d = best_setting((gamma, depth), among, depths, ests[tips], switch_gain=0.0,
+                            restart=restart, budget_fixed=True)  # fmt: skip
+        return (g, d, tips), modelled_rate(g, ests[tips], d, restart)
+
+    def top(among: Sequence[int]) -> tuple[tuple[int, int, int], float]:
+        return max((best_at(tips, among) for tips in budgets), key=lambda f: (f[1], -f[0][2]))
+
+    keep = best_at(budget, [gamma])
+    best, same = top(gammas), top([gamma])
+    if best[0][0] != gamma and best[1] > (1 + SWITCH_GAIN) * keep[1]:
+        return best[0]
+    return same[0] if same[1] > (1 + BUDGET_GAIN) * keep[1] else keep[0]
 
 
 @dataclass
