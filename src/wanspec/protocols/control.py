@@ -134,7 +134,7 @@ def fork_saving_s(
 def bare_round_trip_s(round_trip_s: float, *, handshake_bits: int, rate_bps: float) -> float:
     """The handshake's round trip less the Hello's and HelloAck's sending at the measured uplink
     rate (taken for the downlink's too, which errs short): the round trip of a message that
-    takes no time to send. At 50 kbit/s that sending is about 80 ms of it."""
+    takes no time to send. At 50 kbit/s that sending is about 30 ms of it."""
     return max(round_trip_s - handshake_bits / rate_bps, 0.0)
 
 
@@ -483,13 +483,13 @@ def best_plan(
 ) -> tuple[int, int, int]:
     """(γ, D, B) chosen together, each budget B among `budgets` priced at its own estimates
     (`at_budget(B)`: its pass time and each γ's miss share): the best setting if it changes γ
-    and models `SWITCH_GAIN` more than the current γ at the current budget, else the current γ
-    at the budget that models the most, if `BUDGET_GAIN` more (the fewest tips among equals),
-    else the current γ and budget; D as `best_setting` picks it, with no margin. Together,
-    because each pins the other: at a small budget long chains miss often, and with short
-    chains a larger budget buys nothing, so choosing one after the other never leaves such a
-    pair. The margins are the current setting's: against the current γ priced at another
-    budget, a γ change would pass for a gain it does not have."""
+    and models `SWITCH_GAIN` more than the current γ at its own best budget, else the current γ
+    at that budget if it models `BUDGET_GAIN` more than at the current one (the fewest tips
+    among equals), else the current γ and budget; D as `best_setting` picks it, with no
+    margin. Together, because each pins the other: at a small budget long chains miss often,
+    and with short chains a larger budget buys nothing, so choosing one after the other never
+    leaves such a pair. A change of γ is weighed against what a change of budget alone gets:
+    against the current γ at a worse budget, a new γ passes for the budget's gain."""
     gamma, depth, budget = current
     ests = {tips: at_budget(tips) for tips in dict.fromkeys([*budgets, budget])}
 
@@ -504,7 +504,7 @@ def best_plan(
 
     keep = best_at(budget, [gamma])
     best, same = top(gammas), top([gamma])
-    if best[0][0] != gamma and best[1] > (1 + SWITCH_GAIN) * keep[1]:
+    if best[0][0] != gamma and best[1] > (1 + SWITCH_GAIN) * max(same[1], keep[1]):
         return best[0]
     return same[0] if same[1] > (1 + BUDGET_GAIN) * keep[1] else keep[0]
 
