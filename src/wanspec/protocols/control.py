@@ -89,12 +89,18 @@ DEPTH_PRIOR_TOKENS = 8
 FORK_PRIOR_HITS = 2
 # A run of full acceptances longer than this adds nothing measurable to the expectation.
 RUN_LIMIT = 4096
+# Nor do the chains it reaches with less than this probability: 1e-8 of a rate at most, against
+# 1e-12, a quarter cheaper (the edge runs the model up to a few hundred times per chain).
+RUN_TAIL = 1e-9
 # γ changes only when the model predicts at least this much more throughput than the current γ
 # (hysteresis: estimates wander, and each change costs a tree drafted for the old γ).
 SWITCH_GAIN = 0.04
 # Chains in flight beyond those that reach within this share of the best modelled rate are not
 # worth their stale drafts.
 DEPTH_SLACK = 0.01
+# With the budget chosen too, γ at the budgets next to the current one is tried this far from
+# the current γ (every γ at the current budget).
+PLAN_STEP = 2
 
 
 def _shrunk(hits: Sequence[int], tries: Sequence[int], pooled: float) -> tuple[float, ...]:
@@ -274,7 +280,7 @@ def _run_gap(
     reach = 1.0  # P(the run gets to chain k)
     forked_on = fork_wait = 0.0  # P(chain k is a fork taken | the run got to it), its tree's wait
     forked_before = 0.0  # the same for chain k − 1
-    while reach > 1e-12 and len(verdicts) < RUN_LIMIT:
+    while reach > RUN_TAIL and len(verdicts) < RUN_LIMIT:
         k = len(verdicts)
         leave = 0.0 if k == 0 else drafted[-1]
         if k >= 2:  # after a fork taken the edge sends on only once it hears the verdict taking it
@@ -458,10 +464,8 @@ def best_setting(
     would not hold; unless the budget is fixed (`budget_fixed`: chosen by `best_plan`)."""
     room = TREE_ROOM * est.window_s
     fitting = [g for g in gammas if budget_fixed or g * est.tree_pass_s <= room] or list(gammas)
-    rates = {(g, d): modelled_rate(g, est, d, restart) for g in fitting for d in depths}
-    top = max(rates.values())
-    best = min((s for s, r in rates.items() if r >= (1 - DEPTH_SLACK) * top),
-               key=lambda s: (s[1], -rates[s], s[0]))  # fmt: skip
+    rates = {(g, d): r for g in fitting for d, r in _depth_rates(g, est, depths, restart).items()}
+    best = _leanest(rates)
     if current[0] not in fitting:  # its modelled rate assumes a tree it will not get
         return best
     if best[0] == current[0]:
@@ -471,6 +475,29 @@ def best_setting(
     else:
         now = modelled_rate(current[0], est, current[1], restart)
     return best if rates[best] > (1 + switch_gain) * now else current
+
+
+def _depth_rates(
+    gamma: int, est: Estimates, depths: Sequence[int], restart: int
+) -> dict[int, float]:
+    """The modelled rate at γ for each number of chains in flight among `depths`, fewest
+    first, up to the first that adds nothing: once the cloud's own pace binds, more chains in
+    flight change nothing, and the cycle model is the edge's costliest sum."""
+    rates: dict[int, float] = {}
+    for depth in sorted(depths):
+        rate = modelled_rate(gamma, est, depth, restart)
+        if rates and rate <= (1 + 1e-9) * rates[max(rates)]:
+            break
+        rates[depth] = rate
+    return rates
+
+
+def _leanest(rates: Mapping[Any, float]) -> Any:
+    """The setting (γ, D, …) with the fewest chains in flight among those within `DEPTH_SLACK`
+    of the best rate; the fastest among those, then the shortest γ and the fewest tips."""
+    top = max(rates.values())
+    return min((s for s, r in rates.items() if r >= (1 - DEPTH_SLACK) * top),
+               key=lambda s: (s[1], -rates[s], *s))  # fmt: skip
 
 
 def best_plan(
@@ -489,24 +516,31 @@ def best_plan(
     margin. Together, because each pins the other: at a small budget long chains miss often,
     and with short chains a larger budget buys nothing, so choosing one after the other never
     leaves such a pair. A change of γ is weighed against what a change of budget alone gets:
-    against the current γ at a worse budget, a new γ passes for the budget's gain."""
-    gamma, depth, budget = current
-    ests = {tips: at_budget(tips) for tips in dict.fromkeys([*budgets, budget])}
+    against the current γ at a worse budget, a new γ passes for the budget's gain.
 
-    def best_at(tips: int, among: Sequence[int]) -> tuple[tuple[int, int, int], float]:
-        """The best (γ, D) among `among` at budget `tips`, no margin, and its rate."""
-        g, d = best_setting((gamma, depth), among, depths, ests[tips], switch_gain=0.0,
-                            restart=restart, budget_fixed=True)  # fmt: skip
-        return (g, d, tips), modelled_rate(g, ests[tips], d, restart)
+    The candidates are every γ at the current budget, the current γ at every budget, and γ
+    within `PLAN_STEP` of the current at the budgets next to it: a local search that finds
+    such pairs a step at a time, at a fraction of the cycle model's cost of every pair (the
+    edge runs it once per chain)."""
+    gamma, _, budget = current
+    order = sorted({*budgets, budget})
+    at = order.index(budget)
+    near = [b for b in order[max(at - 1, 0) : at + 2] if b != budget]
+    pairs = {(g, budget) for g in gammas} | {(gamma, b) for b in budgets}
+    pairs |= {(g, b) for b in near for g in gammas if abs(g - gamma) <= PLAN_STEP}
+    ests = {b: at_budget(b) for b in {b for _, b in pairs}}
+    rates = {(g, d, b): r for g, b in pairs
+             for d, r in _depth_rates(g, ests[b], depths, restart).items()}  # fmt: skip
 
-    def top(among: Sequence[int]) -> tuple[tuple[int, int, int], float]:
-        return max((best_at(tips, among) for tips in budgets), key=lambda f: (f[1], -f[0][2]))
+    def leanest(keep: Callable[[tuple[int, int, int]], bool]) -> tuple[int, int, int]:
+        return _leanest({s: r for s, r in rates.items() if keep(s)})
 
-    keep = best_at(budget, [gamma])
-    best, same = top(gammas), top([gamma])
-    if best[0][0] != gamma and best[1] > (1 + SWITCH_GAIN) * max(same[1], keep[1]):
-        return best[0]
-    return same[0] if same[1] > (1 + BUDGET_GAIN) * keep[1] else keep[0]
+    now = leanest(lambda s: s[0] == gamma and s[2] == budget)
+    same = leanest(lambda s: s[0] == gamma and s[2] in budgets)
+    best = leanest(lambda s: s[2] in budgets)
+    if best[0] != gamma and rates[best] > (1 + SWITCH_GAIN) * max(rates[same], rates[now]):
+        return best
+    return same if rates[same] > (1 + BUDGET_GAIN) * rates[now] else now
 
 
 @dataclass
