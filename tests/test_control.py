@@ -306,6 +306,26 @@ def test_best_setting_takes_the_fewest_chains_that_reach_the_best_rate(
     assert all(rates[g, d] < (1 - DEPTH_SLACK) * top for g in gammas for d in range(1, depth))
 
 
+@pytest.mark.parametrize("alpha", [0.5, 0.8, 0.9])
+def test_chains_in_flight_are_tried_until_one_adds_nothing_with_the_choice_of_all(
+    alpha: float,
+) -> None:
+    """The controller stops adding chains in flight at the first that adds nothing (the
+    cloud's pace binds, or the edge's): across windows, cloud times and fork shares it picks
+    what trying every D up to eight would."""
+    for window, verify, fork in [(0.06, 0.02, 0.0), (0.157, 0.147, 0.5), (0.3, 0.1, 0.0),
+                                 (0.447, 0.147, 0.5), (0.297, 0.02, 0.9)]:  # fmt: skip
+        est = _est(alpha, window_s=window, tree_pass_s=0.043, draft_s=0.04, miss_share=0.05,
+                   verify_s=verify, fork_share_of_hits=fork)  # fmt: skip
+        every = {(g, d): modelled_rate(g, est, d, 2) for g in range(1, 9) for d in range(1, 9)}
+        top = max(every.values())
+        fewest = min((s for s, r in every.items() if r >= (1 - DEPTH_SLACK) * top),
+                     key=lambda s: (s[1], -every[s], s[0]))  # fmt: skip
+        chosen = best_setting((4, 1), range(1, 9), range(1, 9), est, switch_gain=0.0,
+                              restart=2, budget_fixed=True)  # every γ a candidate  # fmt: skip
+        assert chosen == fewest, (window, verify, fork)
+
+
 def test_best_setting_sends_chains_ahead_over_a_long_window_only() -> None:
     """A long window with a fast draft wants several chains in flight; a window shorter than a
     tree wants none sent ahead."""
