@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from wanspec.jobs import ComputeCost
+from wanspec.protocols import control
 from wanspec.protocols.budget import tree_budget
 from wanspec.protocols.control import (
     DEPTH_PRIOR_TOKENS,
@@ -110,6 +111,24 @@ def test_a_tree_longer_than_the_window_binds_except_after_a_miss() -> None:
     """τ > W: the next chain waits for the tree, but a miss cancels it at the verdict."""
     gap = verdict_gap(0.9, window_s=0.3, tree_s=0.5, redraft_s=0.08, miss_share=0.5)
     assert gap == pytest.approx(0.9 * 0.5 + 0.1 * (0.5 * 0.5 + 0.5 * (0.3 + 0.08)))
+
+
+def test_a_runs_steady_tail_summed_in_closed_form_equals_its_chains_summed_one_by_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Once a run's chains repeat one shape a verdict gap apart, the model sums the rest of
+    the run as a geometric series; chain by chain (no shape ever repeating) it gives the same
+    times, late starts and restarts, to the 1e-9 tail the chain-by-chain sum leaves out."""
+    cases = [(g, d, _est(a, window_s=w, tree_pass_s=0.043, draft_s=0.04, miss_share=0.2,
+                         verify_s=v, fork_share_of_hits=f, holdable=0.5, fork_tree_share=0.6))
+             for g in (2, 4, 7) for d in (1, 2, 3) for a in (0.5, 0.9) for w in (0.06, 0.3)
+             for v in (0.02, 0.147) for f in (0.0, 0.7)]  # fmt: skip
+    summed = [chain_cycle(g, est, d, restart=1) for g, d, est in cases]
+    monkeypatch.setattr(control, "_same", lambda a, b: False)
+    one_by_one = [chain_cycle(g, est, d, restart=1) for g, d, est in cases]
+    for fast, slow in zip(summed, one_by_one, strict=True):
+        assert fast.gap_s == pytest.approx(slow.gap_s, rel=1e-7)
+        assert fast.restart_share == pytest.approx(slow.restart_share, rel=1e-7, abs=1e-9)
 
 
 def test_chains_in_flight_share_the_window() -> None:

@@ -280,6 +280,8 @@ def _run_gap(
     reach = 1.0  # P(the run gets to chain k)
     forked_on = fork_wait = 0.0  # P(chain k is a fork taken | the run got to it), its tree's wait
     forked_before = 0.0  # the same for chain k − 1
+    shape: tuple[float, ...] = ()  # chain k − 1's times relative to its verdict, and its odds
+    steady = 0  # chains in a row of that shape, each a verdict gap after the one before
     while reach > RUN_TAIL and len(verdicts) < RUN_LIMIT:
         k = len(verdicts)
         leave = 0.0 if k == 0 else drafted[-1]
@@ -319,7 +321,26 @@ def _run_gap(
         forked_before = forked_on
         forked_on = (1.0 - whole) * forked / goes_on if goes_on > 0 else 0.0
         reach *= goes_on
+        gap = verdict - verdicts[-2] if k else 0.0
+        late_now = float(ahead < verdict and busy > 0)
+        now = (gap, drafted[k] - verdict, ahead - verdict, hit - verdict, miss - verdict,
+               goes_on, misses, late_now * busy, forked_on, fork_wait)  # fmt: skip
+        steady = steady + 1 if k and _same(now, shape) else 0
+        shape = now
+        if steady > chains_in_flight + 1:  # every later chain repeats it, a gap later: sum them
+            tail = 1.0 / (1.0 - goes_on)  # Σ_{j≥1} j·g^(j−1)·(1 − g)
+            value = (1.0 - misses) * hit + misses * miss
+            seconds += reach * (value + gap * tail)
+            count += reach * (k + 1 + tail)
+            p_miss += reach * misses
+            p_late += reach * (1.0 - misses) * late_now
+            waits += reach * (1.0 - misses) * late_now * busy
+            break
     return _Run(seconds, count, p_miss, p_late, waits / p_late if p_late else 0.0)
+
+
+def _same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= 1e-12 for x, y in zip(a, b, strict=True))
 
 
 def _pass_left(
