@@ -308,12 +308,14 @@ def _run_gap(
         goes_on = min(whole + (1.0 - whole) * forked, ALPHA_MAX)
         misses = min(miss_share / (1.0 - forked), 1.0) if forked < 1 else 0.0  # of the others
         end = reach * (1.0 - goes_on)  # P(the run ends at chain k)
-        seconds += end * ((1.0 - misses) * hit + misses * miss)
+        value = (1.0 - misses) * hit + misses * miss
+        # a stale chain's pass in flight: a hit's tree waits for it
+        stale = float(ahead < verdict and busy > 0)
+        seconds += end * value
         count += end * (k + 1)
         p_miss += end * misses
-        if ahead < verdict and busy > 0:  # a stale chain's pass: the hit's tree waits for it
-            p_late += end * (1.0 - misses)
-            waits += end * (1.0 - misses) * busy
+        p_late += end * (1.0 - misses) * stale
+        waits += end * (1.0 - misses) * stale * busy
         # a fork taken here whose tree was not drafted along: it starts after the pass in flight
         # (the stale chain's, which drafts forks' trees and is never held)
         left = _pass_left(verdict, drafted[k], ahead, tree_s, pass_s, live, 0.0)
@@ -322,19 +324,17 @@ def _run_gap(
         forked_on = (1.0 - whole) * forked / goes_on if goes_on > 0 else 0.0
         reach *= goes_on
         gap = verdict - verdicts[-2] if k else 0.0
-        late_now = float(ahead < verdict and busy > 0)
         now = (gap, drafted[k] - verdict, ahead - verdict, hit - verdict, miss - verdict,
-               goes_on, misses, late_now * busy, forked_on, fork_wait)  # fmt: skip
+               goes_on, misses, stale * busy, forked_on, fork_wait)  # fmt: skip
         steady = steady + 1 if k and _same(now, shape) else 0
         shape = now
         if steady > chains_in_flight + 1:  # every later chain repeats it, a gap later: sum them
             tail = 1.0 / (1.0 - goes_on)  # Σ_{j≥1} j·g^(j−1)·(1 − g)
-            value = (1.0 - misses) * hit + misses * miss
             seconds += reach * (value + gap * tail)
             count += reach * (k + 1 + tail)
             p_miss += reach * misses
-            p_late += reach * (1.0 - misses) * late_now
-            waits += reach * (1.0 - misses) * late_now * busy
+            p_late += reach * (1.0 - misses) * stale
+            waits += reach * (1.0 - misses) * stale * busy
             break
     return _Run(seconds, count, p_miss, p_late, waits / p_late if p_late else 0.0)
 
