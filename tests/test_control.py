@@ -116,14 +116,25 @@ def test_a_tree_longer_than_the_window_binds_except_after_a_miss() -> None:
 def test_a_runs_steady_tail_summed_in_closed_form_equals_its_chains_summed_one_by_one(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """Once a run's chains repeat one shape a verdict gap apart, the model sums the rest of
-    the run as a geometric series; chain by chain (no shape ever repeating) it gives the same
-    times, late starts and restarts, to the 1e-9 tail the chain-by-chain sum leaves out."""
+    """Once a run's chains repeat a cycle of one or two shapes (pairs of chains a window
+    apart), the model sums the rest of the run as a geometric series; chain by chain (no shape
+    ever repeating) it gives the same times, late starts and restarts, to the 1e-9 tail the
+    chain-by-chain sum leaves out. Times equal but for rounding must take the same branch
+    both ways: a pass "held" for a verdict 1e-16 s inside it moved one case by 5e-7."""
     cases = [(g, d, _est(a, window_s=w, tree_pass_s=0.043, draft_s=0.04, miss_share=0.2,
                          verify_s=v, fork_share_of_hits=f, holdable=0.5, fork_tree_share=0.6))
              for g in (2, 4, 7) for d in (1, 2, 3) for a in (0.5, 0.9) for w in (0.06, 0.3)
              for v in (0.02, 0.147) for f in (0.0, 0.7)]  # fmt: skip
+    periods: list[int] = []
+    cycle_tail = control._cycle_tail
+
+    def spied(cyc: list[tuple[float, ...]], *rest: float) -> tuple[float, ...]:
+        periods.append(len(cyc))
+        return cycle_tail(cyc, *rest)
+
+    monkeypatch.setattr(control, "_cycle_tail", spied)
     summed = [chain_cycle(g, est, d, restart=1) for g, d, est in cases]
+    assert set(periods) == {1, 2}
     monkeypatch.setattr(control, "_same", lambda a, b: False)
     one_by_one = [chain_cycle(g, est, d, restart=1) for g, d, est in cases]
     for fast, slow in zip(summed, one_by_one, strict=True):

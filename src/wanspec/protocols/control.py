@@ -101,6 +101,11 @@ DEPTH_SLACK = 0.01
 # With the budget chosen too, γ at the budgets next to the current one is tried this far from
 # the current γ (every γ at the current budget).
 PLAN_STEP = 2
+# Times closer than this are the same time, their sums rounded differently.
+TIME_EPS = 1e-9
+# A run's chains settle into a cycle of one shape, or of two (chains in flight sent in pairs, a
+# window apart), whose tail is summed in closed form.
+PERIOD_MAX = 2
 
 
 def _shrunk(hits: Sequence[int], tries: Sequence[int], pooled: float) -> tuple[float, ...]:
@@ -280,8 +285,9 @@ def _run_gap(
     reach = 1.0  # P(the run gets to chain k)
     forked_on = fork_wait = 0.0  # P(chain k is a fork taken | the run got to it), its tree's wait
     forked_before = 0.0  # the same for chain k − 1
-    shape: tuple[float, ...] = ()  # chain k − 1's times relative to its verdict, and its odds
-    steady = 0  # chains in a row of that shape, each a verdict gap after the one before
+    shapes: list[tuple[float, ...]] = []  # each chain's times relative to its verdict, its odds
+    ends: list[tuple[float, ...]] = []  # each chain's (goes on, value, misses, stale, busy)
+    repeats = [0] * (PERIOD_MAX + 1)  # per period p: chains in a row of chain k − p's shape
     while reach > RUN_TAIL and len(verdicts) < RUN_LIMIT:
         k = len(verdicts)
         leave = 0.0 if k == 0 else drafted[-1]
@@ -290,7 +296,7 @@ def _run_gap(
         if k >= chains_in_flight:
             leave = max(leave, verdicts[k - chains_in_flight])
         held = 0.0  # a pass of its tree held for the verdict before it, which accepted it whole
-        if k > 0 and leave < verdicts[-1] < leave + tree_s:
+        if k > 0 and leave + TIME_EPS < verdicts[-1] < leave + tree_s - TIME_EPS:
             held = holdable * (1.0 - live) ** 2 * pass_s / 2
         start = (1.0 - forked_on) * held + forked_on * (1.0 - fork_tree) * fork_wait
         drafted.append(leave + (late if k == 0 else start) + tree_s)
@@ -326,17 +332,45 @@ def _run_gap(
         gap = verdict - verdicts[-2] if k else 0.0
         now = (gap, drafted[k] - verdict, ahead - verdict, hit - verdict, miss - verdict,
                goes_on, misses, stale * busy, forked_on, fork_wait)  # fmt: skip
-        steady = steady + 1 if k and _same(now, shape) else 0
-        shape = now
-        if steady > chains_in_flight + 1:  # every later chain repeats it, a gap later: sum them
-            tail = 1.0 / (1.0 - goes_on)  # Σ_{j≥1} j·g^(j−1)·(1 − g)
-            seconds += reach * (value + gap * tail)
-            count += reach * (k + 1 + tail)
-            p_miss += reach * misses
-            p_late += reach * (1.0 - misses) * stale
-            waits += reach * (1.0 - misses) * stale * busy
+        for p in range(1, min(k, PERIOD_MAX) + 1):
+            repeats[p] = repeats[p] + 1 if _same(now, shapes[-p]) else 0
+        shapes.append(now)
+        ends.append((goes_on, value, misses, stale, busy))
+        # once every chain repeats the one p before it long enough to cover all the recursion
+        # reads (chains in flight back), every later one does, p verdict gaps later: sum them
+        period = next((p for p in range(1, PERIOD_MAX + 1) if repeats[p] > chains_in_flight + p),
+                      0)  # fmt: skip
+        if period:
+            more = _cycle_tail(ends[-period:], verdict - verdicts[-1 - period], k)
+            seconds += reach * more[0]
+            count += reach * more[1]
+            p_miss += reach * more[2]
+            p_late += reach * more[3]
+            waits += reach * more[4]
             break
     return _Run(seconds, count, p_miss, p_late, waits / p_late if p_late else 0.0)
+
+
+def _cycle_tail(cycle: Sequence[tuple[float, ...]], shift_s: float, last: int) -> tuple[float, ...]:
+    """A run's remaining chains, per unit of P(reaching them), where they repeat `cycle` (the
+    last p chains, up to chain `last`: goes on, value, misses, stale, busy) forever, each
+    repetition `shift_s` later: E[seconds, verdicts, misses, late start, late wait] at the
+    run's end. Repetition m ≥ 1 of entry i ends the run with P^(m−1)·c_i·(1 − g_i), P = Π g,
+    c_i = Π_{j<i} g_j; those weights over one cycle sum to 1 − P."""
+    p = len(cycle)
+    whole = math.prod(g for g, *_ in cycle)
+    reach, weights = 1.0, []
+    for goes_on, *_ in cycle:
+        weights.append(reach * (1.0 - goes_on) / (1.0 - whole))
+        reach *= goes_on
+    first = last + 1 - p  # the chain index entry 0 repeats, one cycle on
+    periods = 1.0 / (1.0 - whole)  # E[repetitions] to the run's end
+    seconds = sum(w * value for w, (_, value, *_) in zip(weights, cycle, strict=True))
+    count = sum(w * (first + i + 1) for i, w in enumerate(weights))
+    misses = sum(w * m for w, (_, _, m, _, _) in zip(weights, cycle, strict=True))
+    late = sum(w * (1.0 - m) * st for w, (_, _, m, st, _) in zip(weights, cycle, strict=True))
+    waits = sum(w * (1.0 - m) * st * b for w, (_, _, m, st, b) in zip(weights, cycle, strict=True))
+    return seconds + shift_s * periods, count + p * periods, misses, late, waits
 
 
 def _same(a: tuple[float, ...], b: tuple[float, ...]) -> bool:
@@ -358,12 +392,13 @@ def _pass_left(
     verdict's way (live²/2 of a pass where it may hold it, half a pass where not); at most what
     is left of the tree. Where in a pass a verdict lands is the jitter of every time before
     it, which the model does not know."""
+    left = 0.0
     if verdict < drafted:
-        return min(pass_s / 2, drafted - verdict)
-    if ahead < verdict < ahead + tree_s:
+        left = min(pass_s / 2, drafted - verdict)
+    elif ahead < verdict < ahead + tree_s:
         share = holdable * live**2 + (1.0 - holdable)
-        return min(share * pass_s / 2, ahead + tree_s - verdict)
-    return 0.0
+        left = min(share * pass_s / 2, ahead + tree_s - verdict)
+    return left if left > TIME_EPS else 0.0  # times equal but for their sums' rounding
 
 
 @dataclass(frozen=True)
