@@ -23,6 +23,7 @@ import numpy as np
 
 import wanspec
 from wanspec.bench.experiment import synthetic_pair
+from wanspec.bench.stats import interval_text, paired_ratio_interval
 
 # (label, method, settings): deepspec-tree as it runs by default (each chain's p̃ only where its
 # forks pay), and with every chain carrying it
@@ -54,20 +55,6 @@ def rates(
     return out
 
 
-def ratio_interval(
-    run: np.ndarray, ref: np.ndarray, draws: int = 4000
-) -> tuple[float, float, float]:
-    """Tokens/s over tokens/s (pooled over seeds), and its 95 % bootstrap interval."""
-    rng = np.random.default_rng(0)
-    point = (run[:, 0].sum() / run[:, 1].sum()) / (ref[:, 0].sum() / ref[:, 1].sum())
-    picks = rng.integers(0, len(run), size=(draws, len(run)))
-    boot = (run[picks, 0].sum(1) / run[picks, 1].sum(1)) / (
-        ref[picks, 0].sum(1) / ref[picks, 1].sum(1)
-    )
-    low, high = np.quantile(boot, [0.025, 0.975])
-    return float(point), float(low), float(high)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, default=12)
@@ -92,8 +79,10 @@ def main() -> None:
         speed = [runs[m][:, 0].sum() / runs[m][:, 1].sum() for m in labels]
         cells = [f"{s:.2f}" for s in speed]
         for m in labels[1:]:
-            point, low, high = ratio_interval(runs[m], runs["acespec"])
-            cells.append(f"{point:.3f}× [{low:.3f}, {high:.3f}]")
+            run, ref = runs[m], runs["acespec"]
+            point = (run[:, 0].sum() / run[:, 1].sum()) / (ref[:, 0].sum() / ref[:, 1].sum())
+            interval = paired_ratio_interval(run[:, 0], run[:, 1], ref[:, 0], ref[:, 1])
+            cells.append(f"{point:.3f}× {interval_text(interval)}")
         print(f"| {1e3 * rtt:g} ms | {bps:g} | " + " | ".join(cells) + " |", flush=True)
 
 
