@@ -248,6 +248,7 @@ SETTINGS = [
         {"gamma": 2, "tree_budget": 4, "srdv_k": 1, "srdv_m": 1, "restart_length": 1},
         (*AHEAD, "fallback", "restart"),
     ),
+    ("hetero", "deepspec-tree", 60, {"gamma": 2, "tree_budget": 4}, FORK_TREES),
 ]
 
 
@@ -364,18 +365,18 @@ def _every_other_chain_plain(self: Any, rnd: Any, *, alone: bool) -> bool:
     return rnd.index % 2 == 1
 
 
-@pytest.mark.parametrize("gamma", [1, 2])
+@pytest.mark.parametrize(("world_name", "gamma"), [("shared", 1), ("shared", 2), ("hetero", 2)])
 def test_deepspec_tree_mixing_chains_with_and_without_dists_keeps_the_pooled_law(
-    worlds: dict[str, World], monkeypatch: pytest.MonkeyPatch, gamma: int
+    worlds: dict[str, World], monkeypatch: pytest.MonkeyPatch, world_name: str, gamma: int
 ) -> None:
     """Chains with p̃ (the cloud draws a rejection's token, from the float q, and may go on with
-    a fork) and without (q̂ comes down, the edge draws it) in one run, sent alone and ahead: a
-    mechanism that followed the wrong message type, or a fork taken after a plain chain, moves
-    the frequencies."""
+    a fork) and without (q̂ comes down, the edge draws it) in one run, sent alone and ahead, on
+    one vocabulary and across two (TLI): a mechanism that followed the wrong message type, or a
+    fork taken after a plain chain, moves the frequencies."""
     monkeypatch.setattr(pipeline.PipelineEdge, "_goes_plain", _every_other_chain_plain)
     settings = {"gamma": gamma, "tree_budget": 4}
-    runs, paths = pooled_runs(worlds["shared"], "deepspec-tree", 60, **settings)
-    p_single, p_pairs = pooled_p_values(runs, SHARED_Q)
+    runs, paths = pooled_runs(worlds[world_name], "deepspec-tree", 60, **settings)
+    p_single, p_pairs = pooled_p_values(runs, Q_OF[world_name])
     assert p_single > ALPHA and p_pairs > ALPHA, (p_single, p_pairs)
     _check_paths("deepspec-tree", settings, paths, ("fork taken", "ahead verified"))
     assert paths["plain_rejections"] > 50 and paths["dists_rejections"] > 50, paths

@@ -520,7 +520,7 @@ def test_edges_that_cannot_run_are_refused_with_the_reason(
     assert str(err.value) == (
         "method 'cosd' needs a shared vocabulary, but the draft and target tokenizers differ; "
         "use 'naive', 'xcosd', 'xcosd-e' or 'xcosd-auto' for a heterogeneous pair "
-        "(or the pipelines 'acespec-x' and 'deepspec-x')"
+        "(or the pipelines 'acespec-x', 'deepspec-x' and 'deepspec-tree')"
     )
     with pytest.raises(ValueError) as err:
         _edge(shared_world, "split")

@@ -17,14 +17,15 @@ pytestmark = pytest.mark.slow
 
 # Every method that needs a shared vocabulary (no other real pair runs them), and one of each
 # cross-vocabulary family on the identity alignment of a real padded vocabulary (151,665 tokens,
-# 151,936 logits rows): HR verification and the tree pipeline. The other cross-vocabulary
-# methods share those code paths; each runs on the real heterogeneous pair
+# 151,936 logits rows): HR verification, the tree pipeline and the one with forks. The other
+# cross-vocabulary methods share those code paths; each runs on the real heterogeneous pair
 # (test_real_pairs.py) and, with a shared vocabulary, on the synthetic pair at three γ
 # (test_protocols.py). Each distinct pass is a 1.5B fp32 pass (~2 s here); the methods share
 # them through one replay store, as in test_real_pairs.py.
 SHARED_PAIR_METHODS = [n for n, m in METHODS.items() if m.shared_vocab_only] + [
     "xcosd",
     "acespec-x",
+    "deepspec-tree",
 ]
 
 

@@ -172,9 +172,9 @@ METHODS: dict[str, MethodInfo] = {
             "chain) and goes straight on to the matching branch of the tree, which the edge "
             "sent as a fork once drafted: a rejection costs no round trip when its branch is in "
             "the tree; a chain goes without its p̃ where its forks would not pay for "
-            "it (`chain_dists`)",
+            "it (`chain_dists`); on a heterogeneous pair it drafts by TLI, as `ul` does",
             spec.ResidualOrUplink,
-            True,
+            False,
             source="wanspec (in neither paper)",
             family="pipeline",
             sends_ahead=True,

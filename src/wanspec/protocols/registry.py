@@ -106,7 +106,7 @@ def make_edge(
         raise ValueError(
             f"method {info.name!r} needs a shared vocabulary, but the draft and target tokenizers "
             "differ; use 'naive', 'xcosd', 'xcosd-e' or 'xcosd-auto' for a heterogeneous pair "
-            "(or the pipelines 'acespec-x' and 'deepspec-x')"
+            "(or the pipelines 'acespec-x', 'deepspec-x' and 'deepspec-tree')"
         )
     common = dict(
         method=info.name,
