@@ -21,7 +21,7 @@ import numpy as np
 
 import wanspec
 from wanspec.bench.experiment import synthetic_pair
-from wanspec.bench.stats import paired_ratio_interval
+from wanspec.bench.stats import paired_ratio_text
 
 # (RTT s, rate bps each way): the sweeps' extremes, 50 ms at 100 Mbit/s and 150 ms
 POINTS = ((0.01, 1e8), (0.05, 1e8), (0.15, 1e8), (0.3, 1e8), (0.05, 5e4))
@@ -63,11 +63,7 @@ def runs(args: argparse.Namespace, rtt: float, bps: float, cells: dict[str, dict
 
 
 def ratio(run: np.ndarray, ref: np.ndarray) -> str:
-    point = (run[:, 0].sum() / run[:, 1].sum()) / (ref[:, 0].sum() / ref[:, 1].sum())
-    interval = paired_ratio_interval(run[:, 0], run[:, 1], ref[:, 0], ref[:, 1])
-    if interval is None:
-        return f"{point:.3f}×"
-    return f"{point:.3f}× [{interval[0]:.3f}, {interval[1]:.3f}]"
+    return paired_ratio_text(run[:, 0], run[:, 1], ref[:, 0], ref[:, 1])
 
 
 def main() -> None:

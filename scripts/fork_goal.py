@@ -23,7 +23,7 @@ import numpy as np
 
 import wanspec
 from wanspec.bench.experiment import synthetic_pair
-from wanspec.bench.stats import interval_text, paired_ratio_interval
+from wanspec.bench.stats import paired_ratio_text
 
 # (label, method, settings): deepspec-tree as it runs by default (each chain's p̃ only where its
 # forks pay), and with every chain carrying it
@@ -80,9 +80,7 @@ def main() -> None:
         cells = [f"{s:.2f}" for s in speed]
         for m in labels[1:]:
             run, ref = runs[m], runs["acespec"]
-            point = (run[:, 0].sum() / run[:, 1].sum()) / (ref[:, 0].sum() / ref[:, 1].sum())
-            interval = paired_ratio_interval(run[:, 0], run[:, 1], ref[:, 0], ref[:, 1])
-            cells.append(f"{point:.3f}× {interval_text(interval)}")
+            cells.append(paired_ratio_text(run[:, 0], run[:, 1], ref[:, 0], ref[:, 1]))
         print(f"| {1e3 * rtt:g} ms | {bps:g} | " + " | ".join(cells) + " |", flush=True)
 
 

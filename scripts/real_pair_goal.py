@@ -35,7 +35,7 @@ import torch
 import wanspec
 from wanspec.bench.config import REAL_HETERO, REAL_SHARED
 from wanspec.bench.pipelines import ideal_bound, per_token_acceptance
-from wanspec.bench.stats import interval_text, paired_ratio_interval
+from wanspec.bench.stats import paired_ratio_text
 
 DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 PAIRS = {  # (target, draft), the prompts, (AceSpec's method, the chains-in-flight ones)
@@ -114,12 +114,10 @@ def main() -> None:
         # AceSpec's one chain in flight never missing, at its best γ (bandwidth not counted)
         alpha = per_token_acceptance(accepted, 4)
         speed.append(f"{max(ideal_bound(alpha, g, 1, rtt, EDGE, CLOUD) for g in range(1, 9)):.2f}")
-        ratios = []
-        for num, den in pairs:
-            a, b = runs[num], runs[den]
-            point = (a[:, 0].sum() / a[:, 1].sum()) / (b[:, 0].sum() / b[:, 1].sum())
-            interval = paired_ratio_interval(a[:, 0], a[:, 1], b[:, 0], b[:, 1])
-            ratios.append(f"{point:.3f}× {interval_text(interval)}")
+        ratios = [
+            paired_ratio_text(runs[num][:, 0], runs[num][:, 1], runs[den][:, 0], runs[den][:, 1])
+            for num, den in pairs
+        ]
         same = sum(len({tuple(tokens[label][i]) for label in table}) == 1
                    for i in range(len(texts)))  # fmt: skip
         print(f"| {1e3 * rtt:g} ms | {bps:g} | " + " | ".join(speed + ratios)

@@ -12,6 +12,7 @@ from wanspec.bench.stats import (
     ci_column,
     interval_text,
     paired_ratio_interval,
+    paired_ratio_text,
     ratio_interval,
 )
 
@@ -77,6 +78,13 @@ def test_two_prompts_give_the_range_of_their_rates() -> None:
     and a quarter prompt 2 twice, so the 2.5 % and 97.5 % points are exactly 1 and 3."""
     assert ratio_interval([1, 9], [1, 3]) == (1.0, 3.0)
     assert paired_ratio_interval([1, 9], [1, 3], [1, 1], [1, 1]) == (1.0, 3.0)
+
+
+def test_paired_ratio_text_is_the_pooled_ratio_with_its_paired_interval() -> None:
+    """Pooled, not a mean of per-prompt ratios: prompts at rates 1 and 3 over rate-1 prompts
+    pool to 10 / 4 = 2.5 (the mean of the ratios would be 2); one prompt has no interval."""
+    assert paired_ratio_text([1, 9], [1, 3], [1, 1], [1, 1]) == "2.500× [1, 3]"
+    assert paired_ratio_text([3], [1], [2], [1]) == "1.500×"
 
 
 def test_equal_rates_and_identical_cells_give_the_point() -> None:

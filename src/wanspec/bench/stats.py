@@ -132,6 +132,20 @@ def paired_ratio_interval(
     return _percentiles(_divide(rate, reference), level)
 
 
+def paired_ratio_text(
+    num: Sequence[float],
+    den: Sequence[float],
+    ref_num: Sequence[float],
+    ref_den: Sequence[float],
+) -> str:
+    """ "1.234× [lo, hi]": the pooled ratio (Σnum / Σden) / (Σref_num / Σref_den) and its
+    paired interval (`paired_ratio_interval`), as the goal scripts print a speedup."""
+    point = (sum(num) / sum(den)) / (sum(ref_num) / sum(ref_den))
+    return (
+        f"{point:.3f}× {interval_text(paired_ratio_interval(num, den, ref_num, ref_den))}".strip()
+    )
+
+
 def number_text(value: float) -> str:
     """A number as the tables print one (4 significant digits, 3 outside 1e-3 … 1e6), without
     thousands separators, which inside an interval would read as its comma."""
